@@ -13,7 +13,6 @@ target module at call time, so a kernel or helper replaced there is seen here.
 """
 
 import sys
-from typing import Optional
 
 import torch
 
@@ -93,7 +92,7 @@ def fused_sparse_mla_absorbed(
     topk_indices: torch.Tensor,
     softmax_scale: float,
     v_channels: int,
-) -> Optional[torch.Tensor]:
+) -> torch.Tensor | None:
     """Run fused SparseMLA kernel for absorbed-MLA path (NoPE and unaligned top-k too)."""
     target = _live_target()
     sparse_mla = target.SparseMLA
