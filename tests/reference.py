@@ -14,7 +14,7 @@ def sparse_mla_reference(
     softmax_scale: float,
     v_channels: int,
 ) -> torch.Tensor:  # [sq, b, h, v_channels], float32
-    sq, b, h, _ = query.shape
+    b = query.size(1)
     sk = key.size(0)
     q = query.float().permute(1, 0, 2, 3)  # [b, sq, h, d]
     k = key.float()[:, :, 0].permute(1, 0, 2)  # [b, sk, d]

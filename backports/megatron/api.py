@@ -67,7 +67,7 @@ def _announce(report: Report) -> None:
     _warned.add(key)
     message = f"megatron-backports: {report.id} not applied ({report.verdict}): {report.reason}"
     if is_rank_zero():
-        warnings.warn(message, BackportWarning, stacklevel=4)
+        warnings.warn(message, BackportWarning, stacklevel=5)  # the caller of apply()
     else:
         _LOG.debug("%s", message)
 
@@ -170,6 +170,8 @@ def revert(only: str | Iterable[str] | None = None) -> list[Report]:
             post_import.unregister(_hook_key(spec))
             removed = patcher.uninstall(spec.id)
             last = _last.pop(spec.id, None)
+            # A later apply() is a new decision and may warn again.
+            _warned.difference_update({key for key in _warned if key[0] == spec.id})
             verdict = last.verdict if last else Verdict.NEEDED
             if removed is not None:
                 where = ", ".join(f"{m}.{a}" for m, a in removed.sites)

@@ -53,8 +53,9 @@ def _resolve_in(module: ModuleType, target: Target, backport_id: str) -> Resolve
         raise TypeError(f"{module.__name__}.{target.attribute} is {type(original).__name__}")
     # Rebind where the function lives, never on a forwarder; fall back to the module we
     # found it in only when the defining module does not hold it under this name.
-    defining = sys.modules.get(original.__module__)
-    if defining is None or vars(defining).get(target.attribute) not in (original, installed):
+    defining = sys.modules.get(original.__module__) or module
+    bound = vars(defining).get(target.attribute)
+    if bound is None or (bound is not original and bound is not installed):
         defining = module
     return ResolvedTarget(module.__name__, defining, target.attribute, original, installed)
 
