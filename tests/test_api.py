@@ -107,7 +107,7 @@ def test_no_warning_on_other_ranks(tilelang_dsa, monkeypatch, caplog):
 
 def test_strict_raises_on_incompatible(tilelang_dsa, monkeypatch):
     monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)
-    with pytest.raises(BackportError, match="incompatible"):
+    with pytest.raises(BackportError, match="incompatible"), pytest.warns(BackportWarning):
         apply(strict=True)
     assert tilelang_dsa.fused_sparse_mla_absorbed is standins.new_signature
 
