@@ -1,8 +1,14 @@
-"""Which process of a distributed job this is, from the launcher's environment."""
+"""Which process of a distributed job this is, and whether all of them run the same backports."""
 
 import os
+from typing import Any
 
-__all__ = ["is_rank_zero"]
+from .catalog import CATALOG
+from .errors import BackportError
+from .patcher import installed
+from .vendored import check_integrity, read_upstream
+
+__all__ = ["installed_backports", "is_rank_zero", "verify_ranks"]
 
 
 def is_rank_zero() -> bool:
@@ -16,3 +22,60 @@ def is_rank_zero() -> bool:
         if value.lstrip("-").isdigit() and int(value) != 0:
             return False
     return True
+
+
+def installed_backports() -> dict[str, str]:
+    """Backports installed in this process: id -> sha256 of the vendored file it runs."""
+    return {
+        spec.id: check_integrity(spec.vendored, read_upstream(spec.vendored)).actual
+        for spec in CATALOG
+        if installed(spec.id) is not None
+    }
+
+
+def _describe(backports: dict[str, str]) -> str:
+    return ", ".join(f"{bid} ({sha[:12]})" for bid, sha in sorted(backports.items())) or "none"
+
+
+def _rank_list(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> "ranks 0-2,5"."""
+    spans: list[list[int]] = []
+    for rank in ranks:
+        if spans and rank == spans[-1][-1] + 1:
+            spans[-1].append(rank)
+        else:
+            spans.append([rank])
+    text = ",".join(f"{s[0]}-{s[-1]}" if len(s) > 1 else f"{s[0]}" for s in spans)
+    return f"rank{'s' if len(ranks) > 1 else ''} {text}"
+
+
+def verify_ranks(group: Any = None) -> dict[str, str]:
+    """Check every rank of ``group`` runs the same backports; returns this rank's set.
+
+    Call after ``torch.distributed.init_process_group`` and after megatron's target
+    modules are imported (a deferred backport installs on that import). Ranks running
+    different code paths hang in a collective or diverge silently, so a difference raises
+    ``BackportError`` on every rank, naming the ranks that differ from rank 0's set.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise BackportError("verify_ranks() needs torch.distributed initialised first")
+    mine = installed_backports()
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, mine, group=group)
+    ranks = [i if group is None else dist.get_global_rank(group, i) for i in range(len(gathered))]
+    differing = [rank for rank, seen in zip(ranks, gathered, strict=True) if seen != gathered[0]]
+    if differing:
+        by_set: dict[str, list[int]] = {}
+        for rank, seen in zip(ranks, gathered, strict=True):
+            by_set.setdefault(_describe(seen), []).append(rank)
+        found = "; ".join(f"{_rank_list(r)}: {text}" for text, r in by_set.items())
+        raise BackportError(
+            f"megatron-backports differ across ranks; differing from rank {ranks[0]}: "
+            f"{_rank_list(differing)}. Per rank: {found}. Ranks running different code hang or "
+            "diverge; "
+            "apply the same backports on every rank (same MEGATRON_BACKPORTS* variables, "
+            "the same environment, `backports apply` on every node)."
+        )
+    return mine

@@ -1,0 +1,70 @@
+"""What this process runs, as a JSON-serialisable dict for logs and checkpoint metadata."""
+
+import importlib.metadata
+from typing import Any
+
+from . import api, post_import
+from .catalog import CATALOG, BackportSpec
+from .patcher import installed
+from .probe import ProbeResult, probe, probe_without_import
+from .report import Verdict
+from .targets import find_loaded_target
+from .versions import installed_version
+
+__all__ = ["manifest"]
+
+_DISTRIBUTION = "megatron-backports"
+
+
+def _package_version() -> str | None:
+    try:
+        return importlib.metadata.version(_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None  # a source tree on sys.path
+
+
+def _decision(spec: BackportSpec, early: ProbeResult) -> tuple[Verdict | None, str]:
+    """(verdict, what this process did), importing nothing megatron has not imported yet."""
+    # api's record of what apply() decided here; api keeps no public accessor for it.
+    last = api._last.get(spec.id)
+    if installed(spec.id) is not None:
+        return (last.verdict if last else Verdict.NEEDED), "installed"
+    if last is not None:
+        return last.verdict, "skipped"
+    if api._disabled_reason(spec) is not None:
+        return Verdict.DISABLED, "skipped"
+    if early.final:
+        return early.verdict, "not-applied"
+    if find_loaded_target(spec.target, spec.id) is not None:
+        return probe(spec).verdict, "not-applied"
+    # Deciding now would import megatron's target module: a manifest must not cost that.
+    pending = bool(post_import.registered(api._hook_key(spec)))
+    return None, "deferred" if pending else "not-applied"
+
+
+def _entry(spec: BackportSpec) -> dict[str, Any]:
+    early = probe_without_import(spec)
+    verdict, action = _decision(spec, early)
+    upstream = early.evidence.get("upstream", {})
+    return {
+        "verdict": None if verdict is None else str(verdict),
+        "action": action,
+        "upstream": {key: upstream.get(key) for key in ("repo", "pr", "head_sha", "merge_sha")},
+        "vendored_sha256": early.evidence.get("vendored", {}).get("sha256"),
+    }
+
+
+def manifest() -> dict[str, Any]:
+    """Package and megatron-core versions, and per backport id what this process runs.
+
+    Per id: ``verdict`` (None while nothing was decided and the target is not imported),
+    ``action`` ("installed"; "skipped"; "deferred": installs when megatron's target is
+    imported; "not-applied": ``apply()`` was not called), the upstream PR and SHAs, and
+    the sha256 of the vendored file. Never imports megatron.
+    """
+    core = installed_version("megatron-core").version
+    return {
+        "megatron_backports": _package_version(),
+        "megatron_core": None if core is None else str(core),
+        "backports": {spec.id: _entry(spec) for spec in CATALOG},
+    }
