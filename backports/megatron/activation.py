@@ -1,0 +1,247 @@
+"""Job-start activation: the hook file that ``backports apply`` writes and revert removes.
+
+Python's ``site`` runs every line of a ``site-packages/*.pth`` file that starts with
+``import``, in each interpreter of the environment (torchrun ranks, Ray and
+multiprocessing workers, plain ``python``). Ours runs ``_startup`` (the trigger) and so
+must cost next to nothing: the line carries ``_startup.py`` compiled (``marshal``), and
+its source for an interpreter whose bytecode differs, so that start-up reads none of our
+files and imports nothing. The code catches its own errors: after
+``pip uninstall megatron-backports`` leaves the file behind (pip removes only what it
+installed), start-up stays silent and unbroken.
+"""
+
+import ast
+import hashlib
+import importlib.util
+import logging
+import marshal
+import os
+import site
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .catalog import CATALOG, BackportSpec, by_id
+from .errors import BackportError
+
+__all__ = [
+    "HOOK_FILE",
+    "HookState",
+    "active",
+    "deactivate",
+    "default_site_dir",
+    "fire",
+    "hook_text",
+    "is_site_dir",
+    "read_hook",
+    "remove_hook",
+    "same_hook",
+    "target_modules",
+    "triggers",
+    "watched_packages",
+    "write_hook",
+]
+
+HOOK_FILE = "megatron_backports_startup.pth"
+_MARKER = "__megatron_backports_trigger__"  # _startup.MARKER
+_CONFIG_LINE = "# config: "
+_CODE_START = "import marshal, sys, _frozen_importlib_external as e; exec(marshal.loads("
+_CODE_END = "), {'__name__': 'megatron_backports_startup'})"
+_FILENAME = "<megatron-backports start-up hook>"
+_LOG = logging.getLogger("backports.megatron")
+
+
+# ---- what the trigger calls, and how to find it ------------------------------------------
+
+
+def fire(config: dict[str, Any]) -> None:
+    """``apply(only, strict=strict)``; never breaks the import that got here, unless strict."""
+    strict = bool(config.get("strict", False))
+    only = config.get("only")
+    try:
+        from .api import apply
+
+        apply(None if only is None else tuple(only), strict=strict)
+    except Exception as exc:
+        if strict:
+            raise
+        _LOG.error("megatron-backports: job-start apply() failed: %r", exc)
+
+
+def triggers() -> list[Any]:
+    """The start-up triggers in ``sys.meta_path`` (fired ones included)."""
+    return [finder for finder in sys.meta_path if getattr(finder, _MARKER, False)]
+
+
+def active() -> bool:
+    """Whether a trigger in this interpreter still waits for megatron's first import."""
+    return any(not trigger.fired for trigger in triggers())
+
+
+def deactivate() -> None:
+    """Drop the triggers (the CLI and ``audit``'s probe decide explicitly). Not from a finder:
+    removing from ``sys.meta_path`` while the import system iterates it skips an entry."""
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not getattr(finder, _MARKER, False)]
+
+
+# ---- what the hook file holds ------------------------------------------------------------
+
+
+def target_modules(only: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """Every module name the (selected) backports may patch, in catalog order."""
+    specs = CATALOG if only is None else _select(only)
+    return tuple(dict.fromkeys(m for spec in specs for m in spec.target.modules))
+
+
+def watched_packages(only: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The top-level packages whose first import triggers ``apply()``."""
+    return tuple(dict.fromkeys(name.partition(".")[0] for name in target_modules(only)))
+
+
+def _select(only: tuple[str, ...]) -> list[BackportSpec]:
+    try:
+        return [by_id(backport_id) for backport_id in only]
+    except KeyError as exc:
+        raise BackportError(exc.args[0]) from None
+
+
+def _trigger_source(packages: tuple[str, ...], config: dict[str, Any]) -> str:
+    source = Path(__file__).with_name("_startup.py").read_text(encoding="utf-8")
+    body = "".join(f"    {line}\n" if line else "\n" for line in source.splitlines())
+    return f"try:\n{body}    install({packages!r}, {config!r})\nexcept Exception:\n    pass\n"
+
+
+def _hook_line(source: str) -> str:
+    # optimize=2 drops the docstrings: every byte of the line is read at each start-up.
+    code = marshal.dumps(compile(source, _FILENAME, "exec", dont_inherit=True, optimize=2))
+    magic = importlib.util.MAGIC_NUMBER
+    stale = (
+        "megatron-backports: the start-up hook was written for another Python version and "
+        "does nothing; rerun `backports apply`\n"
+    )
+    # `site` execs a .pth line only if it starts with "import". The compiled code is valid
+    # only for this bytecode version; a venv's site-packages is for one Python version
+    # anyway, so a mismatch means a hand-copied file: say so, never run foreign bytecode.
+    return (
+        f"{_CODE_START}{code!r}{_CODE_END} "
+        f"if e.MAGIC_NUMBER == {magic!r} else sys.stderr.write({stale!r})\n"
+    )
+
+
+def hook_text(only: tuple[str, ...] | None = None, strict: bool = False) -> str:
+    """The whole hook file this package writes for this interpreter and catalog."""
+    packages = watched_packages(only)
+    config = {"strict": strict, "only": only}
+    source = _trigger_source(packages, config)
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    return (
+        "# megatron-backports: activates the backports in every Python process of this\n"
+        "# environment. Written by `backports apply`, removed by `backports revert`; does\n"
+        "# nothing under MEGATRON_BACKPORTS=0 or once megatron-backports is uninstalled.\n"
+        f"# The line runs backports/megatron/_startup.py, compiled for "
+        f"{sys.implementation.name} {sys.version.split()[0]}: it waits for the first import "
+        f"of {', '.join(packages)}.\n"
+        f"{_CONFIG_LINE}{config!r}\n"
+        f"# source sha256: {digest}\n" + _hook_line(source)
+    )
+
+
+@dataclass(frozen=True)
+class HookState:
+    """The hook file at ``path``; ``config`` is None when it is not a file we wrote."""
+
+    path: Path
+    exists: bool
+    config: dict[str, Any] | None = None
+
+    @property
+    def current(self) -> bool:
+        """Written by this version for this interpreter (else: rerun ``backports apply``)."""
+        if not self.exists or self.config is None:
+            return False
+        try:
+            expected = hook_text(self.config.get("only"), bool(self.config.get("strict")))
+            return same_hook(self.path.read_text(encoding="utf-8"), expected)
+        except (OSError, BackportError, TypeError):
+            return False
+
+
+def same_hook(a: str, b: str) -> bool:
+    """Equal but for the marshal bytes (which may differ between equal code objects)."""
+
+    def without_code(text: str) -> str:
+        head, start, rest = text.partition(_CODE_START)
+        return head + start + rest.partition(_CODE_END)[2]
+
+    return without_code(a) == without_code(b)
+
+
+def _parse(text: str) -> dict[str, Any] | None:
+    for line in text.splitlines():
+        if line.startswith(_CONFIG_LINE):
+            try:
+                config = ast.literal_eval(line[len(_CONFIG_LINE) :])
+            except (ValueError, SyntaxError):
+                return None
+            return config if isinstance(config, dict) else None
+    return None
+
+
+def read_hook(site_dir: Path) -> HookState:
+    path = site_dir / HOOK_FILE
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return HookState(path, False)
+    return HookState(path, True, _parse(text))
+
+
+# ---- where it goes -----------------------------------------------------------------------
+
+
+def default_site_dir() -> Path:
+    """The running interpreter's site-packages (the venv's, for a venv's ``backports``)."""
+    return Path(sysconfig.get_paths()["purelib"])
+
+
+def is_site_dir(folder: Path) -> bool:
+    """Whether start-up processes ``.pth`` files in ``folder`` for this interpreter."""
+    known = [d for d in {*site.getsitepackages(), site.getusersitepackages()} if os.path.isdir(d)]
+    return folder.is_dir() and any(os.path.samefile(folder, d) for d in known)
+
+
+def write_hook(
+    site_dir: Path, only: tuple[str, ...] | None = None, strict: bool = False
+) -> tuple[HookState, bool]:
+    """Write (or refresh) the hook file; returns its state and whether the file changed."""
+    path = site_dir / HOOK_FILE
+    text = hook_text(only, strict)
+    try:
+        if same_hook(path.read_text(encoding="utf-8"), text):
+            return read_hook(site_dir), False
+    except FileNotFoundError:
+        pass
+    # Atomic: an interpreter starting meanwhile sees the old file or the new, never half.
+    fd, tmp = tempfile.mkstemp(prefix=".megatron_backports.", suffix=".tmp", dir=site_dir)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return read_hook(site_dir), True
+
+
+def remove_hook(site_dir: Path) -> tuple[HookState, bool]:
+    """Delete the hook file; returns its state before and whether this call removed it."""
+    state = read_hook(site_dir)
+    try:
+        state.path.unlink()
+    except FileNotFoundError:
+        return state, False
+    return state, True
