@@ -1,0 +1,6 @@
+"""``python -m backports.megatron``: the ``backports`` command."""
+
+from .cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

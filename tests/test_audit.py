@@ -1,0 +1,130 @@
+"""``backports audit``: probe a candidate megatron-core without installing it.
+
+The real 0.18.2 and 0.19.2 wheels come from the package index (cached under pytest's
+cache folder); a folder with a behaviourally fixed megatron-core stand-in plays the
+release that merged #7617.
+"""
+
+import json
+import subprocess
+import sys
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+
+from backports.megatron import cli
+from tests.conftest import BACKPORT_ID, TILELANG_DSA
+
+pytestmark = pytest.mark.slow
+
+VENDORED = files("backports.megatron._vendor.megatron_lm_7617") / "tilelang_dsa.py"
+_NETWORK_ERRORS = (
+    "NewConnectionError",
+    "Failed to establish a new connection",
+    "Temporary failure in name resolution",
+    "Name or service not known",
+    "Network is unreachable",
+    "ConnectTimeout",
+    "Read timed out",
+    "ProxyError",
+    "Max retries exceeded",
+    "No matching distribution found",  # what an unreachable index ends with, after retries
+)
+
+
+def _wheel(request: pytest.FixtureRequest, version: str) -> Path:
+    if request.config.cache is not None:  # None under -p no:cacheprovider
+        cache = Path(request.config.cache.mkdir("megatron-core-wheels"))
+    else:
+        cache = request.getfixturevalue("tmp_path_factory").mktemp("megatron-core-wheels")
+    found = sorted(cache.glob(f"megatron_core-{version}-*.whl"))
+    if found:
+        return found[0]
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    command += ["--python-version", "3.12", "--retries", "1", "--timeout", "20"]
+    command += ["--dest", str(cache), f"megatron-core=={version}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    found = sorted(cache.glob(f"megatron_core-{version}-*.whl"))
+    if done.returncode == 0 and found:
+        return found[0]
+    output = done.stdout + done.stderr
+    if any(marker in output for marker in _NETWORK_ERRORS):
+        pytest.skip(f"package index unreachable, no megatron-core {version} wheel: {output[-300:]}")
+    raise AssertionError(f"pip download megatron-core=={version} failed:\n{output}")
+
+
+@pytest.fixture(scope="module")
+def fixed_release(tmp_path_factory) -> Path:
+    """site-packages of a megatron-core 0.20.0 whose function already has #7617's fix."""
+    site = tmp_path_factory.mktemp("fixed-release")
+    module = site.joinpath(*TILELANG_DSA.split(".")).with_suffix(".py")
+    module.parent.mkdir(parents=True)
+    for folder in [module.parent, *module.parent.parents]:
+        if folder == site:
+            break
+        (folder / "__init__.py").touch()
+    helpers = (
+        "\nSparseMLA = None\n\n\n"
+        "def _all_bfloat16(*tensors):\n"
+        "    return all(t.dtype == torch.bfloat16 for t in tensors)\n\n\n"
+        "def _is_supported_sparse_mla_head_count(heads, kv_group=1):\n"
+        "    per_group = heads // kv_group\n"
+        "    return per_group >= 16 and per_group & (per_group - 1) == 0\n"
+    )
+    module.write_text(VENDORED.read_text() + helpers)  # upstream merged the PR as written
+    info = site / "megatron_core-0.20.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: megatron-core\nVersion: 0.20.0\n")
+    return site
+
+
+def _audit(capsys, *argv: str) -> tuple[int, list[dict], str]:
+    code = cli.main(["audit", "--json", *argv])
+    out, err = capsys.readouterr()
+    return code, json.loads(out) if out.strip() else [], err
+
+
+def test_0_18_2_wheel_is_absent(request, capsys):
+    wheel = _wheel(request, "0.18.2")
+    code, (report,), _ = _audit(capsys, "--wheel", str(wheel), "--fail-on-landed")
+    assert code == 0 and report["id"] == BACKPORT_ID
+    assert report["verdict"] == "absent" and "0.18.2 predates 0.19" in report["reason"]
+
+
+def test_0_19_2_wheel_still_needs_it(request, capsys):
+    wheel = _wheel(request, "0.19.2")
+    code, (report,), _ = _audit(capsys, "--wheel", str(wheel), "--fail-on-landed")
+    assert code == 0 and report["verdict"] == "needed"
+    probed = report["evidence"]["distribution"]["package_dir"]
+    assert "backports-audit-" in probed  # the extracted wheel, not the installed copy
+
+
+def test_a_release_with_the_fix_fails_the_pin_bump(fixed_release, capsys):
+    code, (report,), err = _audit(capsys, "--dir", str(fixed_release))
+    assert code == 0 and report["verdict"] == "upstream"
+    assert "Delete vendor/megatron_lm_7617/" in report["reason"]
+    code, _, err = _audit(capsys, "--dir", str(fixed_release), "--fail-on-landed")
+    assert code == 1 and f"delete: {BACKPORT_ID}" in err
+
+
+def test_table_says_what_to_do(fixed_release, capsys):
+    assert cli.main(["audit", "--dir", str(fixed_release)]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split()[:5] == ["id", "upstream", "candidate", "verdict", "outcome"]
+    upstream = "NVIDIA/Megatron-LM#7617"
+    assert row.split()[:4] == [BACKPORT_ID, upstream, "0.20.0", "upstream"]
+    assert "landed: delete it" in row
+
+
+def test_audit_leaves_this_process_alone(fixed_release, tilelang_dsa, capsys):
+    original = tilelang_dsa.fused_sparse_mla_absorbed
+    _audit(capsys, "--dir", str(fixed_release))
+    assert tilelang_dsa.fused_sparse_mla_absorbed is original
+    assert str(fixed_release) not in sys.path
+
+
+def test_bad_candidates_are_usage_errors(tmp_path, capsys):
+    (tmp_path / "not-a-wheel.whl").write_text("nope")
+    assert _audit(capsys, "--wheel", str(tmp_path / "not-a-wheel.whl"))[0] == 2
+    assert _audit(capsys, "--dir", str(tmp_path / "missing"))[0] == 2
