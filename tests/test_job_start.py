@@ -1,0 +1,207 @@
+"""Job-start activation in real interpreters: ``backports apply`` in a venv, then new processes.
+
+Each test works in a throwaway venv with this repository pip-installed into it (see
+tests/training_env.py), the way a user has it after ``pip install megatron-backports``:
+fresh ``python -c`` processes, ``multiprocessing`` spawn children and two torchrun ranks
+(CPU, gloo) must all come up patched, with no ``PYTHONPATH`` or other help.
+"""
+
+import json
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests import training_env
+from tests.conftest import BACKPORT_ID, TILELANG_DSA
+
+pytestmark = pytest.mark.slow
+
+PATCHED = (
+    f"import {TILELANG_DSA} as target\n"
+    "print('patched:', getattr(target.fused_sparse_mla_absorbed, '__backport__', None))\n"
+)
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory) -> training_env.TrainingEnv:
+    """One venv for the tests that leave it as they found it."""
+    return training_env.create(tmp_path_factory.mktemp("training") / "venv")
+
+
+@pytest.fixture
+def disposable_venv(tmp_path) -> training_env.TrainingEnv:
+    """A venv of its own, for a test that tampers with or uninstalls the package."""
+    return training_env.create(tmp_path / "venv")
+
+
+@pytest.fixture
+def applied(venv):
+    done = venv.run(["backports", "apply"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    yield done
+    venv.run(["backports", "revert"])
+
+
+def _ok(done) -> str:
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def _patched(done) -> list[str]:
+    return re.findall(r"patched: (\S+)", _ok(done))
+
+
+def _script(folder: Path, name: str, text: str) -> Path:
+    path = folder / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_apply_then_revert_reaches_fresh_interpreters(venv):
+    done = venv.run(["backports", "apply"])
+    out = _ok(done)
+    assert f"hook: wrote {venv.hook}" in out and "is not a site-packages" not in out
+    assert re.search(rf"{BACKPORT_ID}\s.*\bneeded\s+installed\b", out)
+
+    assert _patched(venv.run(["python", "-c", PATCHED])) == [BACKPORT_ID]
+    disabled = venv.run(["python", "-c", PATCHED], extra_env={"MEGATRON_BACKPORTS": "0"})
+    assert _patched(disabled) == ["None"]
+
+    out = _ok(venv.run(["backports", "revert"]))
+    assert f"hook: removed {venv.hook}" in out and not venv.hook.exists()
+    assert f"hook: none at {venv.hook}" in _ok(venv.run(["backports", "revert"]))
+    assert _patched(venv.run(["python", "-c", PATCHED])) == ["None"]
+
+
+def test_hook_costs_no_import_when_megatron_is_never_imported(venv, applied):
+    probe = "import sys; print(sorted(m for m in sys.modules if 'backports' in m or m == 'torch'))"
+    assert _ok(venv.run(["python", "-c", probe])).strip() == "[]"
+    assert _ok(venv.run(["python", "-c", "pass"])) == ""
+
+
+def test_status_json_matches_status(venv):
+    reports = json.loads(_ok(venv.run(["backports", "status", "--json"])))
+    in_process = "import json; from backports.megatron import status\n"
+    in_process += "print(json.dumps([r.to_dict() for r in status()]))"
+    assert reports == json.loads(_ok(venv.run(["python", "-c", in_process])).splitlines()[-1])
+    assert [(r["id"], r["verdict"], r["action"]) for r in reports] == [
+        (BACKPORT_ID, "needed", "would-install")
+    ]
+
+
+def test_python_m_backports_megatron_is_the_cli(venv):
+    done = venv.run(["python", "-m", "backports.megatron", "status", "--json"])
+    assert [r["id"] for r in json.loads(_ok(done))] == [BACKPORT_ID]
+
+
+_SPAWN = """\
+    import multiprocessing as mp
+    import sys
+
+    def child(queue):
+        import {target} as target
+        queue.put(getattr(target.fused_sparse_mla_absorbed, "__backport__", None))
+
+    if __name__ == "__main__":
+        from backports.megatron import apply
+        apply()  # in the parent: deferred, installs when the parent imports the target
+        import {target} as target
+        assert target.fused_sparse_mla_absorbed.__backport__ == "{id}"
+        queue = mp.get_context("spawn").Queue()
+        process = mp.get_context("spawn").Process(target=child, args=(queue,))
+        process.start()
+        print("patched:", queue.get(timeout=300))
+        process.join()
+        sys.exit(process.exitcode)
+"""
+
+
+@pytest.mark.parametrize("hook", [True, False], ids=["with-hook", "driver-only"])
+def test_spawned_child_is_patched_only_through_the_hook(venv, hook, tmp_path):
+    if hook:
+        _ok(venv.run(["backports", "apply"]))
+    try:
+        script = _script(tmp_path, "spawn.py", _SPAWN.format(target=TILELANG_DSA, id=BACKPORT_ID))
+        # A patch applied in the driver alone never reaches a new interpreter.
+        assert _patched(venv.run(["python", str(script)])) == [BACKPORT_ID if hook else "None"]
+    finally:
+        venv.run(["backports", "revert"])
+
+
+_RANK = """\
+    import json
+    import os
+    import torch.distributed as dist
+
+    rank = os.environ["RANK"]
+    if rank == os.environ.get("DISABLE_ON_RANK"):
+        os.environ["MEGATRON_BACKPORTS"] = "0"  # read when megatron is first imported
+    import {target} as target
+    from backports.megatron import BackportError, verify_ranks
+
+    dist.init_process_group("gloo")
+    result = {{"patched": getattr(target.fused_sparse_mla_absorbed, "__backport__", None)}}
+    try:
+        result["verified"] = sorted(verify_ranks())
+    except BackportError as exc:
+        result["raised"] = str(exc)
+    dist.destroy_process_group()
+    # A file per rank: both ranks share one stdout, where their lines can interleave.
+    with open(f"rank-{{rank}}.json", "w") as handle:
+        json.dump(result, handle)
+"""
+
+
+def _torchrun(venv, folder: Path, **env: str) -> tuple[list[dict], str]:
+    """Each rank's result, and all the job's output (both ranks and the launcher)."""
+    script = _script(folder, "rank.py", _RANK.format(target=TILELANG_DSA))
+    command = ["python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    extra = {"OMP_NUM_THREADS": "1", **env}
+    done = venv.run([*command, str(script)], extra_env=extra, cwd=folder, timeout=600)
+    output = _ok(done) + done.stderr
+    return [json.loads((folder / f"rank-{r}.json").read_text()) for r in (0, 1)], output
+
+
+def test_torchrun_ranks_are_patched_and_agree(venv, applied, tmp_path):
+    ranks, output = _torchrun(venv, tmp_path)
+    assert ranks == [{"patched": BACKPORT_ID, "verified": [BACKPORT_ID]}] * 2
+    assert "BackportWarning" not in output  # installed: an INFO log line, no warning
+
+
+def test_torchrun_disabled_on_one_rank_raises_on_every_rank(venv, applied, tmp_path):
+    (rank0, rank1), _ = _torchrun(venv, tmp_path, DISABLE_ON_RANK="1")
+    assert (rank0["patched"], rank1["patched"]) == (BACKPORT_ID, None)
+    assert rank0["raised"] == rank1["raised"]
+    message = rank0["raised"]
+    assert "differing from rank 0: rank 1." in message
+    assert f"rank 0: {BACKPORT_ID}" in message and "rank 1: none" in message
+
+
+def test_torchrun_skip_warns_once_for_the_whole_job(disposable_venv, tmp_path):
+    venv = disposable_venv
+    _ok(venv.run(["backports", "apply"]))
+    # A vendored file edited by hand: every rank finds it incompatible, rank 0 warns.
+    vendored = next(venv.site_packages.glob("backports/megatron/_vendor/*/tilelang_dsa.py"))
+    vendored.write_text(vendored.read_text() + "# edited\n")
+    ranks, output = _torchrun(venv, tmp_path)
+    assert ranks == [{"patched": None, "verified": []}] * 2
+    assert output.count("BackportWarning") == 1
+    assert "megatron-lm-7617 not applied (incompatible)" in output
+
+
+def test_leftover_hook_after_uninstall_is_silent(disposable_venv):
+    venv = disposable_venv
+    _ok(venv.run(["backports", "apply"]))
+    # pip removes what it installed; the hook file is not among it.
+    _ok(venv.run(["python", "-m", "pip", "uninstall", "-y", "-q", "megatron-backports"]))
+    assert venv.hook.exists()
+    gone = "import importlib.util as u; print(u.find_spec('backports.megatron'))"
+    assert _ok(venv.run(["python", "-c", gone])).strip() == "None"
+
+    done = venv.run(["python", "-c", "pass"])
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    done = venv.run(["python", "-c", PATCHED])  # the trigger fires, finds nothing, steps aside
+    assert _patched(done) == ["None"]
+    assert "backports" not in done.stderr and "Traceback" not in done.stderr
