@@ -1,0 +1,206 @@
+"""Start-up cost of the job-start hook, and probe + apply time once megatron is imported.
+
+    python benchmarks/startup.py [--runs 300] [--import-runs 8] [--apply-runs 5] [--out PATH]
+
+Builds a throwaway training environment (tests/training_env.py: a venv with this
+repository pip-installed, torch and megatron-core 0.19.2 from the running environment),
+runs ``backports apply`` there, then times ``python -c pass`` in rounds, each round in
+random order: no hook file, an empty ``.pth`` file, a ``.pth`` holding just ``import
+sys`` (the floor for any ``.pth`` line that runs code: site compiles it, the process's
+first compile), and the hook file. Medians and ratios to "no hook" go to stdout and to
+the JSON file.
+
+Then whole processes that import megatron's target module, with the hook (which
+patches it) and without; and, in that environment's interpreter, the megatron import,
+``apply()`` right after it (full probe: version, signature, git, the behaviour sniff;
+then the install), and what the trigger does at megatron's first import when the hook is
+active (import the api, ``apply()`` before megatron: version and vendored-hash checks,
+hook registration).
+"""
+
+import argparse
+import json
+import platform
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.training_env import TILELANG_DSA, TrainingEnv, create  # noqa: E402
+
+_APPLY_TIMING = f"""
+import json, sys, time
+t0 = time.perf_counter()
+from backports.megatron import api
+t1 = time.perf_counter()
+deferred = api.apply()
+t2 = time.perf_counter()
+api.revert()
+t3 = time.perf_counter()
+import {TILELANG_DSA} as target
+t4 = time.perf_counter()
+runs = []
+for _ in range(int(sys.argv[1])):
+    api.revert()
+    start = time.perf_counter()
+    reports = api.apply()
+    runs.append(time.perf_counter() - start)
+    assert reports[0].action == "installed", reports
+assert target.fused_sparse_mla_absorbed.__backport__ == "megatron-lm-7617"
+print(json.dumps({{
+    "import_api_s": t1 - t0,
+    "apply_before_megatron_s": t2 - t1,
+    "deferred_action": str(deferred[0].action),
+    "megatron_import_s": t4 - t3,
+    "probe_apply_after_import_s": runs,
+}}))
+"""
+
+
+def _time_pass(env: TrainingEnv) -> float:
+    start = time.perf_counter()
+    subprocess.run([str(env.python), "-c", "pass"], env=env.env(), check=True)
+    return time.perf_counter() - start
+
+
+def startup_rounds(env: TrainingEnv, runs: int) -> dict[str, list[float]]:
+    hook_text = env.hook.read_text()
+    other = env.site_packages / "zz_other_for_benchmark.pth"
+
+    def only(text: str | None, hook: bool) -> None:
+        other.unlink(missing_ok=True) if text is None else other.write_text(text)
+        env.hook.write_text(hook_text) if hook else env.hook.unlink(missing_ok=True)
+
+    variants = {
+        "no_hook": lambda: only(None, hook=False),
+        "empty_pth": lambda: only("", hook=False),
+        "import_line_pth": lambda: only("import sys\n", hook=False),
+        "hook": lambda: only(None, hook=True),
+    }
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for name in variants:  # warm the page cache and the .pyc files
+        variants[name]()
+        _time_pass(env)
+    order = list(variants)
+    for _ in range(runs):
+        random.shuffle(order)
+        for name in order:
+            variants[name]()
+            times[name].append(_time_pass(env))
+    only(None, hook=True)
+    return times
+
+
+def _cpu_of_children() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def import_rounds(env: TrainingEnv, runs: int) -> dict[str, dict[str, list[float]]]:
+    """Wall and CPU time of a process importing megatron's target module, hook vs none.
+
+    CPU time (user + system) is the steadier figure: the wall time of a ~6 s import
+    wanders by half a second from run to run on a shared machine.
+    """
+    hook_text = env.hook.read_text()
+    script = f"import {TILELANG_DSA} as t\n"
+    script += "assert hasattr(t.fused_sparse_mla_absorbed, '__wrapped__') == HOOK"
+    times: dict[str, dict[str, list[float]]] = {
+        name: {"wall": [], "cpu": []} for name in ("no_hook", "hook")
+    }
+    for _ in range(runs):
+        for name in random.sample(list(times), 2):
+            hook = name == "hook"
+            env.hook.write_text(hook_text) if hook else env.hook.unlink(missing_ok=True)
+            start, cpu = time.perf_counter(), _cpu_of_children()
+            done = env.run(["python", "-c", script.replace("HOOK", str(hook))])
+            times[name]["wall"].append(time.perf_counter() - start)
+            times[name]["cpu"].append(_cpu_of_children() - cpu)
+            if done.returncode != 0:
+                raise RuntimeError(done.stderr)
+    env.hook.write_text(hook_text)
+    return times
+
+
+def apply_timing(env: TrainingEnv, apply_runs: int) -> dict[str, Any]:
+    env.hook.unlink(missing_ok=True)  # measured explicitly here
+    done = env.run(["python", "-c", _APPLY_TIMING, str(apply_runs)], timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr)
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=300, help="rounds of python -c pass")
+    parser.add_argument("--apply-runs", type=int, default=5, help="revert+apply cycles")
+    parser.add_argument("--import-runs", type=int, default=8, help="megatron imports, each way")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/startup.json")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="backports-bench-") as tmp:
+        env = create(Path(tmp) / "venv")
+        applied = env.run(["backports", "apply"], timeout=600)
+        if applied.returncode != 0 or not env.hook.exists():
+            raise RuntimeError(applied.stdout + applied.stderr)
+        times = startup_rounds(env, args.runs)
+        imports = import_rounds(env, args.import_runs) if args.import_runs else None
+        timing = apply_timing(env, args.apply_runs)
+
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    base = medians["no_hook"]
+    after_import: list[float] = timing["probe_apply_after_import_s"]
+    trigger = {
+        "import_api": round(timing["import_api_s"] * 1e3, 2),
+        "apply_before_megatron": round(timing["apply_before_megatron_s"] * 1e3, 2),
+        "action": timing["deferred_action"],
+    }
+    result = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "runs": args.runs,
+        "python_c_pass_median_ms": {k: round(v * 1e3, 3) for k, v in medians.items()},
+        "ratio_to_no_hook": {k: round(v / base, 4) for k, v in medians.items()},
+        "megatron_import_s": round(timing["megatron_import_s"], 3),
+        "probe_apply_after_import_ms": {
+            "first": round(after_import[0] * 1e3, 2),
+            "median": round(statistics.median(after_import) * 1e3, 2),
+            "runs": len(after_import),
+        },
+        "trigger_at_megatron_import_ms": trigger,
+    }
+    if imports is not None:
+        figures: dict[str, Any] = {"runs": args.import_runs}
+        for kind in ("cpu", "wall"):
+            hook, none = (statistics.median(imports[k][kind]) for k in ("hook", "no_hook"))
+            figures[kind] = {
+                "no_hook_s": round(none, 3),
+                "hook_s": round(hook, 3),
+                "difference_ms": round((hook - none) * 1e3, 1),
+            }
+        result["process_importing_megatron_median"] = figures
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"python -c pass, median of {args.runs} interleaved runs each:")
+    for name, value in medians.items():
+        print(f"  {name:16s} {value * 1e3:8.2f} ms   x{value / base:.3f}")
+    print(f"megatron target import: {result['megatron_import_s']} s")
+    print(f"probe + apply after import: {result['probe_apply_after_import_ms']}")
+    print(f"trigger at megatron's first import: {result['trigger_at_megatron_import_ms']}")
+    if imports is not None:
+        print(f"process importing megatron: {result['process_importing_megatron_median']}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
