@@ -13,7 +13,6 @@ target module at call time, so a kernel or helper replaced there is seen here.
 """
 
 import sys
-from typing import Optional
 
 import torch
 
@@ -93,7 +92,7 @@ def fused_sparse_mla_absorbed(
     topk_indices: torch.Tensor,
     softmax_scale: float,
     v_channels: int,
-) -> Optional[torch.Tensor]:
+) -> torch.Tensor | None:
     """Run fused SparseMLA kernel for absorbed-MLA path (NoPE and unaligned top-k too)."""
     target = _live_target()
     sparse_mla = target.SparseMLA
@@ -114,9 +113,7 @@ def fused_sparse_mla_absorbed(
         return None
     if query.size(-1) not in (_NOPE_WIDTH, _KERNEL_WIDTH) or v_channels != _NOPE_WIDTH:
         return None
-    if topk_indices.dtype.is_floating_point or topk_indices.dtype.is_complex:
-        return None
-    if topk_indices.dtype == torch.bool:
+    if topk_indices.dtype not in (torch.int16, torch.int32, torch.int64):
         return None
     if query.numel() == 0 or key.numel() == 0 or topk_indices.size(-1) == 0:
         return None

@@ -1,0 +1,11 @@
+"""The two things the tool raises or warns with; every error it raises is a BackportError."""
+
+__all__ = ["BackportError", "BackportWarning"]
+
+
+class BackportError(RuntimeError):
+    """A backport cannot be applied as asked (``strict=True``, bad input, mixed ranks)."""
+
+
+class BackportWarning(UserWarning):
+    """A backport was skipped: already upstream, incompatible, or its target is absent."""

@@ -1,0 +1,151 @@
+"""Evidence -> verdict, with reasons. Behaviour decides; version and git cross-check."""
+
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+from .catalog import BackportSpec
+from .git_ancestry import commit_ancestry
+from .patcher import lock
+from .report import Verdict
+from .targets import ResolvedTarget, TargetMissing, resolve_target
+from .vendored import check_integrity, read_upstream
+from .versions import installed_version
+
+__all__ = ["ProbeResult", "probe", "probe_without_import"]
+
+
+@dataclass
+class ProbeResult:
+    verdict: Verdict
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    target: ResolvedTarget | None = None
+    # False only from probe_without_import: nothing decided yet, the target must be probed.
+    final: bool = True
+
+
+def _version_claim(spec: BackportSpec, evidence: dict[str, Any]) -> bool | None:
+    """What the version alone says: fixed (True), not fixed (False), or no release knows."""
+    version = evidence["distribution"]["version"]
+    if version is None or spec.fixed_in is None:
+        return None
+    return Version(version) >= spec.fixed_in
+
+
+def probe_without_import(spec: BackportSpec) -> ProbeResult:
+    """The verdicts that need no import of megatron: absent, or a drifted vendored file.
+
+    Anything else comes back with ``final=False``: only the target itself can decide.
+    """
+    evidence: dict[str, Any] = {}
+    try:
+        upstream = read_upstream(spec.vendored)
+        integrity = check_integrity(spec.vendored, upstream)
+    except Exception as exc:
+        return ProbeResult(Verdict.INCOMPATIBLE, f"vendored code unreadable: {exc}", evidence)
+    evidence["upstream"] = {
+        key: upstream.get(key) for key in ("repo", "pr", "head_sha", "merge_sha", "origin")
+    }
+    evidence["vendored"] = {
+        "file": integrity.file,
+        "sha256": integrity.actual,
+        "expected_sha256": integrity.expected,
+        "ok": integrity.ok,
+    }
+    installed = installed_version(spec.target.distribution)
+    evidence["distribution"] = {"name": spec.target.distribution, **installed.to_dict()}
+    if not integrity.ok:
+        return ProbeResult(
+            Verdict.INCOMPATIBLE,
+            f"vendored {integrity.file} has sha256 {integrity.actual[:12]}, UPSTREAM.toml says "
+            f"{integrity.expected[:12]}: it was edited without tools/sync_upstream.py",
+            evidence,
+        )
+    if installed.version is None:
+        return ProbeResult(Verdict.ABSENT, f"{spec.target.distribution} is not installed", evidence)
+    if installed.version < spec.target_since:
+        return ProbeResult(
+            Verdict.ABSENT,
+            f"{spec.target.distribution} {installed.version} predates {spec.target_since}, "
+            f"the first release with {spec.target.attribute}",
+            evidence,
+        )
+    return ProbeResult(Verdict.NEEDED, "target not probed yet", evidence, final=False)
+
+
+def _check_shape(spec: BackportSpec, target: ResolvedTarget) -> str | None:
+    """Why the target is not what the vendored code was written against, or None."""
+    actual = tuple(inspect.signature(target.original).parameters)
+    if actual != spec.target.parameters:
+        return f"signature is ({', '.join(actual)}), expected ({', '.join(spec.target.parameters)})"
+    missing = [name for name in spec.target.helpers if name not in vars(target.module)]
+    if missing:
+        return f"{target.module_name} lacks {', '.join(missing)}"
+    return None
+
+
+def _cross_checks(spec: BackportSpec, fixed: bool, evidence: dict[str, Any]) -> list[str]:
+    notes = []
+    claim = _version_claim(spec, evidence)
+    if claim is not None and claim != fixed:
+        says = "has" if claim else "lacks"
+        notes.append(f"version {evidence['distribution']['version']} {says} the fix by number")
+    contains = evidence.get("git", {}).get("contains", {})
+    if any(contains.values()) != fixed and any(v is not None for v in contains.values()):
+        says = "contains" if any(contains.values()) else "does not contain"
+        notes.append(f"the git checkout {says} {spec.id}'s commits")
+    return notes
+
+
+def probe(spec: BackportSpec) -> ProbeResult:
+    """Full probe: imports the target module and runs the behaviour sniff. Never raises."""
+    early = probe_without_import(spec)
+    if early.final:
+        return early
+    evidence = early.evidence
+    try:
+        return _probe_target(spec, evidence)
+    except Exception as exc:
+        return ProbeResult(
+            Verdict.INCOMPATIBLE, f"probe failed: {type(exc).__name__}: {exc}", evidence
+        )
+
+
+def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
+    try:
+        target = resolve_target(spec.target, spec.id)
+    except TargetMissing as exc:
+        return ProbeResult(Verdict.ABSENT, f"no {spec.target.attribute}: {exc}", evidence)
+    evidence["target"] = {
+        "module": target.module_name,
+        "imported_as": target.imported_as,
+        "attribute": spec.target.attribute,
+        "installed": target.installed is not None,
+    }
+    problem = _check_shape(spec, target)
+    if problem is not None:
+        return ProbeResult(Verdict.INCOMPATIBLE, problem, evidence, target)
+    upstream = evidence["upstream"]
+    package_dir = evidence["distribution"]["package_dir"]
+    evidence["git"] = commit_ancestry(
+        None if package_dir is None else Path(package_dir),
+        {"merge": upstream["merge_sha"], "head": upstream["head_sha"]},
+    )
+    with lock():
+        sniff = spec.sniff(target.module, target.original)
+    evidence["behaviour"] = {"fixed": sniff.fixed, **sniff.detail}
+    notes = _cross_checks(spec, sniff.fixed, evidence)
+    suffix = f" (disagrees: {'; '.join(notes)})" if notes else ""
+    version = evidence["distribution"]["version"]
+    if sniff.fixed:
+        reason = (
+            f"{spec.target.distribution} {version} already has the fix: {sniff.summary}"
+            f"{suffix}. {spec.delete_when_landed}"
+        )
+        return ProbeResult(Verdict.UPSTREAM, reason, evidence, target)
+    reason = f"{spec.target.distribution} {version} lacks the fix: {sniff.summary}{suffix}"
+    return ProbeResult(Verdict.NEEDED, reason, evidence, target)

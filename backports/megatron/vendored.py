@@ -1,0 +1,58 @@
+"""Find vendored code and its provenance, check it has not drifted, and load it."""
+
+import hashlib
+import importlib
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.resources import files
+from typing import Any
+
+from .catalog import VendoredRef
+from .errors import BackportError
+
+__all__ = ["Integrity", "check_integrity", "load_replacement", "read_upstream"]
+
+_MANIFEST = "UPSTREAM.toml"
+
+
+def read_upstream(ref: VendoredRef) -> dict[str, Any]:
+    """The vendored package's ``UPSTREAM.toml`` as a dict."""
+    manifest = files(ref.package) / _MANIFEST
+    try:
+        return tomllib.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise BackportError(f"cannot read {ref.package}/{_MANIFEST}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Integrity:
+    """Whether the vendored file is byte-for-byte what ``UPSTREAM.toml`` describes."""
+
+    file: str
+    expected: str
+    actual: str
+
+    @property
+    def ok(self) -> bool:
+        return self.expected == self.actual
+
+
+def check_integrity(ref: VendoredRef, upstream: dict[str, Any]) -> Integrity:
+    name = str(upstream.get("file", f"{ref.module}.py"))
+    data = (files(ref.package) / name).read_bytes()
+    return Integrity(
+        file=name,
+        expected=str(upstream.get("sha256", "")),
+        actual=hashlib.sha256(data).hexdigest(),
+    )
+
+
+def load_replacement(ref: VendoredRef, target_module: str) -> Callable[..., Any]:
+    """The vendored function, bound to read its globals from ``target_module`` at call time."""
+    module = importlib.import_module(f"{ref.package}.{ref.module}")
+    setattr(module, "__target_module__", target_module)  # noqa: B010 (a dunder set by name)
+    function = getattr(module, ref.attribute)
+    if not callable(function):
+        raise BackportError(f"{module.__name__}.{ref.attribute} is not callable")
+    return function  # type: ignore[no-any-return]

@@ -1,0 +1,77 @@
+"""The installed distribution's version and location, found without importing it."""
+
+import ast
+import importlib.metadata
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+__all__ = ["InstalledVersion", "installed_version"]
+
+
+@dataclass(frozen=True)
+class InstalledVersion:
+    """``source`` is "metadata", "package_info" (a source tree on sys.path) or "missing"."""
+
+    version: Version | None
+    source: str
+    package_dir: Path | None
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {
+            "version": None if self.version is None else str(self.version),
+            "source": self.source,
+            "package_dir": None if self.package_dir is None else str(self.package_dir),
+        }
+
+
+def _megatron_core_dir() -> Path | None:
+    """Where ``megatron.core`` is or would be imported from, without importing it."""
+    loaded = sys.modules.get("megatron.core")
+    if loaded is not None and getattr(loaded, "__file__", None):
+        return Path(str(loaded.__file__)).resolve().parent
+    for entry in sys.path:
+        candidate = Path(entry or ".") / "megatron" / "core" / "__init__.py"
+        if candidate.is_file():
+            return candidate.resolve().parent
+    return None
+
+
+def _version_from_package_info(package_dir: Path) -> Version | None:
+    """Read MAJOR/MINOR/PATCH/PRE_RELEASE from package_info.py without executing it.
+
+    megatron's own ``__version__`` appends ``+<sha>`` of whatever git work tree the package
+    sits in (even a user's project), so it is no evidence of which commit it is.
+    """
+    try:
+        tree = ast.parse((package_dir / "package_info.py").read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return None
+    parts: dict[str, object] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    parts[target.id] = node.value.value
+    try:
+        text = f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}{parts.get('PRE_RELEASE', '')}"
+        return Version(text)
+    except (KeyError, InvalidVersion):
+        return None
+
+
+def installed_version(distribution: str) -> InstalledVersion:
+    package_dir = _megatron_core_dir()
+    try:
+        return InstalledVersion(
+            Version(importlib.metadata.version(distribution)), "metadata", package_dir
+        )
+    except (importlib.metadata.PackageNotFoundError, InvalidVersion):
+        pass
+    if package_dir is not None:
+        version = _version_from_package_info(package_dir)
+        if version is not None:
+            return InstalledVersion(version, "package_info", package_dir)
+    return InstalledVersion(None, "missing", package_dir)

@@ -1,0 +1,39 @@
+"""Shared fixtures: the real megatron-core 0.19.2 module, a fake kernel, clean state."""
+
+import importlib
+from collections.abc import Iterator
+from types import ModuleType
+
+import pytest
+
+from backports.megatron import revert
+from tests.fake_kernel import FakeSparseMLA
+
+TILELANG_DSA = "megatron.core.transformer.experimental_attention_variant.ops.tilelang_dsa"
+BACKPORT_ID = "megatron-lm-7617"
+
+
+@pytest.fixture(scope="session")
+def tilelang_dsa() -> ModuleType:
+    """The real, installed megatron-core module (imported once: it takes seconds)."""
+    return importlib.import_module(TILELANG_DSA)
+
+
+@pytest.fixture
+def fake_kernel(tilelang_dsa: ModuleType, monkeypatch: pytest.MonkeyPatch) -> FakeSparseMLA:
+    """Replace only the TileLang kernel; everything else is the real megatron-core."""
+    kernel = FakeSparseMLA()
+    monkeypatch.setattr(tilelang_dsa, "SparseMLA", kernel)
+    return kernel
+
+
+@pytest.fixture(autouse=True)
+def _no_backport_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Each test starts and ends with nothing installed and no pending hook."""
+    monkeypatch.delenv("MEGATRON_BACKPORTS", raising=False)
+    monkeypatch.delenv("MEGATRON_BACKPORTS_SKIP", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    revert()
+    yield
+    revert()

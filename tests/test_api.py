@@ -1,0 +1,196 @@
+"""apply / revert / applied on real megatron-core 0.19.2: install, skip, warn once, undo."""
+
+import logging
+import subprocess
+import sys
+import threading
+import types
+import warnings
+
+import pytest
+
+from backports.megatron import (
+    Action,
+    BackportError,
+    BackportWarning,
+    Verdict,
+    applied,
+    apply,
+    revert,
+)
+from backports.megatron import probe as probe_module
+from tests import standins
+from tests.conftest import BACKPORT_ID, TILELANG_DSA
+
+
+def test_apply_installs_with_markers_and_logs(tilelang_dsa, caplog):
+    original = tilelang_dsa.fused_sparse_mla_absorbed
+    with caplog.at_level(logging.INFO, logger="backports.megatron"):
+        (report,) = apply()
+    assert report.id == BACKPORT_ID
+    assert report.verdict is Verdict.NEEDED and report.action is Action.INSTALLED
+    installed = tilelang_dsa.fused_sparse_mla_absorbed
+    assert installed is not original
+    assert installed.__backport__ == BACKPORT_ID
+    assert installed.__wrapped__ is original
+    assert any("installed megatron-lm-7617" in r.getMessage() for r in caplog.records)
+
+
+def test_apply_is_idempotent(tilelang_dsa):
+    apply()
+    installed = tilelang_dsa.fused_sparse_mla_absorbed
+    (again,) = apply()
+    assert again.action is Action.ALREADY_INSTALLED
+    assert tilelang_dsa.fused_sparse_mla_absorbed is installed
+
+
+def test_revert_restores_the_very_same_object(tilelang_dsa):
+    original = tilelang_dsa.fused_sparse_mla_absorbed
+    apply()
+    (report,) = revert()
+    assert report.action is Action.REVERTED
+    assert tilelang_dsa.fused_sparse_mla_absorbed is original
+    (again,) = revert()
+    assert again.action is Action.NOT_INSTALLED
+
+
+def test_every_alias_is_rebound_and_restored(tilelang_dsa, monkeypatch):
+    original = tilelang_dsa.fused_sparse_mla_absorbed
+    user = types.ModuleType("user_training_script")
+    user.sparse_attention = original  # `from ...tilelang_dsa import ... as sparse_attention`
+    monkeypatch.setitem(sys.modules, user.__name__, user)
+    apply()
+    assert user.sparse_attention is tilelang_dsa.fused_sparse_mla_absorbed
+    assert user.sparse_attention.__backport__ == BACKPORT_ID
+    revert()
+    assert user.sparse_attention is original
+
+
+def test_concurrent_apply_installs_once(tilelang_dsa):
+    results, barrier = [], threading.Barrier(8)
+
+    def worker():
+        barrier.wait()
+        results.extend(apply())
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    actions = sorted(str(r.action) for r in results)
+    assert actions == ["already-installed"] * 7 + ["installed"]
+
+
+def test_one_warning_per_verdict_over_repeated_apply(tilelang_dsa, monkeypatch):
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            (report,) = apply()
+            assert report.verdict is Verdict.UPSTREAM and report.action is Action.SKIPPED
+    backport_warnings = [w for w in caught if issubclass(w.category, BackportWarning)]
+    assert len(backport_warnings) == 1
+    assert "delete" in str(backport_warnings[0].message).lower()
+    assert tilelang_dsa.fused_sparse_mla_absorbed is standins.fixed_upstream
+
+
+def test_no_warning_on_other_ranks(tilelang_dsa, monkeypatch, caplog):
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    monkeypatch.setenv("RANK", "3")
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.DEBUG):
+        warnings.simplefilter("always")
+        apply()
+    assert not [w for w in caught if issubclass(w.category, BackportWarning)]
+    assert any("not applied (upstream)" in r.getMessage() for r in caplog.records)
+
+
+def test_strict_raises_on_incompatible(tilelang_dsa, monkeypatch):
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)
+    with pytest.raises(BackportError, match="incompatible"), pytest.warns(BackportWarning):
+        apply(strict=True)
+    assert tilelang_dsa.fused_sparse_mla_absorbed is standins.new_signature
+
+
+def test_incompatible_is_skipped_with_a_warning(tilelang_dsa, monkeypatch):
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)
+    with pytest.warns(BackportWarning, match="incompatible"):
+        (report,) = apply()
+    assert report.action is Action.SKIPPED
+    assert tilelang_dsa.fused_sparse_mla_absorbed is standins.new_signature
+
+
+def test_drifted_vendored_file_is_never_installed(tilelang_dsa, monkeypatch):
+    real = probe_module.read_upstream
+    monkeypatch.setattr(probe_module, "read_upstream", lambda ref: {**real(ref), "sha256": "0"})
+    original = tilelang_dsa.fused_sparse_mla_absorbed
+    with pytest.warns(BackportWarning, match="sha256"):
+        (report,) = apply()
+    assert report.verdict is Verdict.INCOMPATIBLE
+    assert tilelang_dsa.fused_sparse_mla_absorbed is original
+    with pytest.raises(BackportError):
+        apply(strict=True)
+
+
+@pytest.mark.parametrize(
+    "env", [{"MEGATRON_BACKPORTS": "0"}, {"MEGATRON_BACKPORTS_SKIP": f"other, {BACKPORT_ID}"}]
+)
+def test_disabled_by_environment(tilelang_dsa, monkeypatch, env):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    original = tilelang_dsa.fused_sparse_mla_absorbed
+    (report,) = apply()
+    assert report.verdict is Verdict.DISABLED and report.action is Action.SKIPPED
+    assert tilelang_dsa.fused_sparse_mla_absorbed is original
+
+
+def test_unknown_id_is_an_error():
+    with pytest.raises(BackportError, match="unknown backport 'nope'"):
+        apply(only="nope")
+
+
+def test_only_selects_by_id(tilelang_dsa):
+    (report,) = apply(only=[BACKPORT_ID])
+    assert report.action is Action.INSTALLED
+
+
+def test_applied_context_reverts_on_exit(tilelang_dsa):
+    original = tilelang_dsa.fused_sparse_mla_absorbed
+    with applied() as reports:
+        assert reports[0].action is Action.INSTALLED
+        assert tilelang_dsa.fused_sparse_mla_absorbed.__backport__ == BACKPORT_ID
+    assert tilelang_dsa.fused_sparse_mla_absorbed is original
+
+
+def test_applied_context_leaves_an_earlier_install_alone(tilelang_dsa):
+    apply()
+    installed = tilelang_dsa.fused_sparse_mla_absorbed
+    with applied():
+        pass
+    assert tilelang_dsa.fused_sparse_mla_absorbed is installed
+
+
+LAZY = f"""
+import sys
+import backports.megatron as bm
+(report,) = bm.apply()
+assert report.action == "deferred", report
+assert not any(m == "megatron" or m.startswith("megatron.") for m in sys.modules), "imported"
+assert "torch" not in sys.modules
+import {TILELANG_DSA} as m
+assert m.fused_sparse_mla_absorbed.__backport__ == "{BACKPORT_ID}"
+from megatron.core.transformer.experimental_attention_variant import dsa_tilelang_kernels
+(again,) = bm.apply()
+assert again.action == "already-installed", again
+assert again.verdict == "needed" and "declined" in again.reason, again
+bm.revert()
+assert not hasattr(m.fused_sparse_mla_absorbed, "__backport__")
+print("lazy ok")
+"""
+
+
+@pytest.mark.slow
+def test_apply_before_import_patches_on_first_import():
+    done = subprocess.run([sys.executable, "-c", LAZY], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "lazy ok" in done.stdout

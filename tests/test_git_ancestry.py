@@ -1,0 +1,76 @@
+"""Git ancestry evidence, on Megatron-LM-shaped checkouts built here with gitpython."""
+
+from pathlib import Path
+
+import git
+import pytest
+
+from backports.megatron.git_ancestry import commit_ancestry
+from backports.megatron.versions import _version_from_package_info
+
+PACKAGE_INFO = 'MAJOR = 0\nMINOR = 19\nPATCH = 2\nPRE_RELEASE = "rc1"\n__version__ = "x"\n'
+
+
+def _commit(repo: git.Repo, path: Path, text: str, message: str) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    repo.index.add([str(path)])
+    return repo.index.commit(message).hexsha
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    """base -> fix (the PR's merge) -> later, plus an unrelated commit on a side branch."""
+    repo = git.Repo.init(tmp_path / "Megatron-LM", initial_branch="main")
+    core = Path(repo.working_tree_dir) / "megatron" / "core"
+    shas = {"base": _commit(repo, core / "package_info.py", PACKAGE_INFO, "base")}
+    _commit(repo, core / "__init__.py", "", "package")
+    shas["fix"] = _commit(repo, core / "fix.py", "FIXED = True\n", "the fix")
+    repo.git.checkout("-b", "side", shas["base"])
+    shas["side"] = _commit(repo, core / "side.py", "", "side")
+    repo.git.checkout("main")
+    return repo, core, shas
+
+
+def test_checkout_that_contains_the_merge(checkout):
+    repo, core, shas = checkout
+    evidence = commit_ancestry(core, {"merge": shas["fix"][:7], "head": shas["side"]})
+    assert evidence["checkout"] is True
+    assert evidence["contains"] == {"merge": True, "head": False}
+    assert evidence["head"] == repo.head.commit.hexsha
+
+
+def test_checkout_before_the_merge(checkout):
+    repo, core, shas = checkout
+    repo.git.checkout(shas["base"])
+    (core / "__init__.py").write_text("")
+    evidence = commit_ancestry(core, {"merge": shas["fix"]})
+    assert evidence["contains"] == {"merge": False}
+
+
+def test_unknown_commit_is_unknown_not_false(checkout):
+    _, core, _ = checkout
+    evidence = commit_ancestry(core, {"merge": "f77f360"})
+    assert evidence["contains"] == {"merge": None}
+
+
+def test_megatron_inside_a_users_project_is_no_evidence(tmp_path):
+    """A venv inside a user's git project: megatron's +sha would name the user's commit."""
+    project = git.Repo.init(tmp_path / "project")
+    core = Path(project.working_tree_dir) / ".venv" / "site-packages" / "megatron" / "core"
+    _commit(project, core / "package_info.py", PACKAGE_INFO, "vendored venv")
+    evidence = commit_ancestry(core, {"merge": project.head.commit.hexsha})
+    assert evidence["checkout"] is False
+    assert "unrelated git work tree" in evidence["note"]
+
+
+def test_not_a_checkout(tmp_path):
+    core = tmp_path / "site-packages" / "megatron" / "core"
+    core.mkdir(parents=True)
+    assert commit_ancestry(core, {"merge": "f77f360"})["checkout"] is False
+
+
+def test_version_read_from_package_info_without_executing_it(tmp_path):
+    (tmp_path / "package_info.py").write_text(PACKAGE_INFO + "raise SystemExit('executed')\n")
+    assert str(_version_from_package_info(tmp_path)) == "0.19.2rc1"
+    assert _version_from_package_info(tmp_path / "missing") is None

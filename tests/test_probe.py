@@ -1,0 +1,144 @@
+"""Verdicts on real megatron-core 0.19.2 and on stand-ins for other versions of it."""
+
+import dataclasses
+import importlib.metadata
+import sys
+from types import SimpleNamespace
+
+import pytest
+from packaging.version import Version
+
+from backports.megatron import Action, Verdict, status
+from backports.megatron import probe as probe_module
+from backports.megatron import targets as targets_module
+from backports.megatron import versions as versions_module
+from backports.megatron.catalog import MEGATRON_LM_7617
+from backports.megatron.probe import probe
+from tests import standins
+from tests.conftest import TILELANG_DSA
+
+
+def _status():
+    (report,) = status()
+    return report
+
+
+def test_real_0_19_2_needs_the_backport(tilelang_dsa):
+    report = _status()
+    assert report.verdict is Verdict.NEEDED and report.action is Action.WOULD_INSTALL
+    assert report.evidence["distribution"]["version"] == "0.19.2"
+    assert report.evidence["behaviour"]["fixed"] is False
+    assert report.evidence["behaviour"]["nope_topk65"]["kernel_saw"] is None
+    assert report.evidence["behaviour"]["control"]["kernel_saw"]["width"] == 576
+    assert report.evidence["target"]["module"] == TILELANG_DSA
+    assert "declined" in report.reason
+
+
+def test_status_changes_nothing(tilelang_dsa):
+    before = (tilelang_dsa.fused_sparse_mla_absorbed, tilelang_dsa.SparseMLA)
+    _status()
+    assert (tilelang_dsa.fused_sparse_mla_absorbed, tilelang_dsa.SparseMLA) == before
+
+
+def test_behaviourally_fixed_stand_in_is_upstream(tilelang_dsa, monkeypatch):
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    report = _status()
+    assert report.verdict is Verdict.UPSTREAM, report.reason
+    assert report.action is Action.WOULD_SKIP
+    assert "vendor/megatron_lm_7617" in report.reason  # says what to delete
+    assert report.evidence["behaviour"]["nope_topk65"]["kernel_saw"] == {
+        "width": 576,
+        "topk": 128,
+        "heads": 16,
+    }
+
+
+def test_topk_padding_alone_as_in_7522_is_still_needed(tilelang_dsa, monkeypatch):
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.topk_padding_only)
+    assert _status().verdict is Verdict.NEEDED
+
+
+def test_changed_signature_is_incompatible(tilelang_dsa, monkeypatch):
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)
+    report = _status()
+    assert report.verdict is Verdict.INCOMPATIBLE
+    assert "topk_length" in report.reason
+
+
+def test_sniff_that_raises_is_incompatible(tilelang_dsa, monkeypatch):
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.raises)
+    report = _status()
+    assert report.verdict is Verdict.INCOMPATIBLE
+    assert "this build is broken" in report.reason
+
+
+def test_missing_helper_is_incompatible(tilelang_dsa, monkeypatch):
+    monkeypatch.delattr(tilelang_dsa, "_is_supported_sparse_mla_head_count")
+    report = _status()
+    assert report.verdict is Verdict.INCOMPATIBLE
+    assert "_is_supported_sparse_mla_head_count" in report.reason
+
+
+def test_missing_target_module_is_absent(tilelang_dsa, monkeypatch):
+    monkeypatch.setitem(sys.modules, TILELANG_DSA, None)
+    report = _status()
+    assert report.verdict is Verdict.ABSENT, report.reason
+
+
+def test_missing_target_function_is_absent(tilelang_dsa, monkeypatch):
+    monkeypatch.delattr(tilelang_dsa, "fused_sparse_mla_absorbed")
+    assert _status().verdict is Verdict.ABSENT
+
+
+@pytest.mark.parametrize("version", ["0.18.2", "0.16.1", "0.19.0rc1"])
+def test_release_before_0_19_is_absent_without_importing(monkeypatch, version):
+    monkeypatch.setattr(versions_module.importlib.metadata, "version", lambda name: version)
+
+    def no_import(name):
+        raise AssertionError(f"probe imported {name}")
+
+    monkeypatch.setattr(targets_module, "importlib", SimpleNamespace(import_module=no_import))
+    report = _status()
+    assert report.verdict is Verdict.ABSENT
+    assert version in report.reason
+
+
+def test_uninstalled_megatron_core_is_absent(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(versions_module.importlib.metadata, "version", missing)
+    monkeypatch.setattr(versions_module, "_megatron_core_dir", lambda: None)
+    assert _status().verdict is Verdict.ABSENT
+
+
+def test_vendored_file_with_another_hash_is_incompatible(monkeypatch):
+    real = probe_module.read_upstream
+
+    def drifted(ref):
+        return {**real(ref), "sha256": "0" * 64}
+
+    monkeypatch.setattr(probe_module, "read_upstream", drifted)
+    report = _status()
+    assert report.verdict is Verdict.INCOMPATIBLE
+    assert "sha256" in report.reason and report.evidence["vendored"]["ok"] is False
+
+
+def test_version_disagreement_is_written_into_the_reason(tilelang_dsa):
+    spec = dataclasses.replace(MEGATRON_LM_7617, fixed_in=Version("0.19.0"))
+    result = probe(spec)
+    assert result.verdict is Verdict.NEEDED  # behaviour decides
+    assert "disagrees: version 0.19.2 has the fix by number" in result.reason
+
+
+def test_version_agreement_is_silent(tilelang_dsa, monkeypatch):
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    spec = dataclasses.replace(MEGATRON_LM_7617, fixed_in=Version("0.19.0"))
+    result = probe(spec)
+    assert result.verdict is Verdict.UPSTREAM and "disagrees" not in result.reason
+
+
+def test_evidence_is_json_serialisable(tilelang_dsa):
+    import json
+
+    json.dumps(_status().to_dict())
