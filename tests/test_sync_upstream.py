@@ -129,7 +129,7 @@ FIXED_TEMPLATE = (
         return None
     if key.size(-1) != width or width not in (512, 576) or v_channels != 512:
         return None
-    if topk_indices.dtype.is_floating_point or topk_indices.dtype == torch.bool:
+    if topk_indices.dtype not in (torch.int16, torch.int32, torch.int64):
         return None
     if min(sq, sk, topk, heads) <= 0:
         return None
@@ -235,9 +235,7 @@ def commit_files(
     return commit.hexsha
 
 
-@pytest.fixture
-def upstream(tmp_path: Path) -> Upstream:
-    path = tmp_path / "Megatron-LM"
+def build_upstream(path: Path) -> Upstream:
     repo = git.Repo.init(path)
     base = commit_files(repo, {OLD_PATH: module_with(UNFIXED_FUNCTION)}, "base", None)
     pr_head = commit_files(repo, {OLD_PATH: module_with(FIXED_FUNCTION)}, "Fix #7617", base)
@@ -262,6 +260,11 @@ def upstream(tmp_path: Path) -> Upstream:
     repo.git.branch("--force", "main", moved)
     repo.git.checkout("--quiet", "main")
     return Upstream(path, repo, base, pr_head, squash, moved)
+
+
+@pytest.fixture
+def upstream(tmp_path: Path) -> Upstream:
+    return build_upstream(tmp_path / "Megatron-LM")
 
 
 # --- running the tool ---------------------------------------------------------------------
