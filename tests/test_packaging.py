@@ -1,8 +1,10 @@
 """The distribution: a PEP 420 `backports` namespace, vendored code inside our package only."""
 
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -27,8 +29,15 @@ def _isolated_env(*paths):
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
+    # Build from a clean copy: setuptools reuses a build/ folder left in the source tree,
+    # which would hide a package missing from pyproject.toml.
+    source = tmp_path_factory.mktemp("source") / "src"
+    junk = (".git", ".venv*", "build", "*.egg-info", ".whl-*", "__pycache__", ".*_cache")
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*junk))
     out = tmp_path_factory.mktemp("wheel")
-    _run("-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", out, ROOT, cwd=out)
+    _run(
+        "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", out, source, cwd=out
+    )
     (path,) = out.glob("megatron_backports-*.whl")
     return path
 
@@ -52,13 +61,17 @@ def test_plain_install_finds_the_vendored_code(wheel, tmp_path):
         "import backports.megatron as bm, importlib.util\n"
         "from backports.megatron.catalog import MEGATRON_LM_7617 as spec\n"
         "from backports.megatron.probe import probe_without_import\n"
+        "import backports.megatron.api, backports.megatron.catalog.spec\n"
         f"assert bm.__file__.startswith({str(target)!r}), bm.__file__\n"
         "assert importlib.util.find_spec('vendor') is None\n"
         "result = probe_without_import(spec)\n"
         "assert result.evidence['vendored']['ok'], result.evidence\n"
         "print(result.evidence['vendored']['sha256'])\n"
     )
-    out = _run("-c", script, cwd=tmp_path, env=_isolated_env(target))
+    # -S: no site-packages .pth files, so the development install's editable finder cannot
+    # fill in what the wheel lacks; the venv's packages are still importable by path.
+    site_packages = sysconfig.get_paths()["purelib"]
+    out = _run("-S", "-c", script, cwd=tmp_path, env=_isolated_env(target, site_packages))
     assert len(out.strip()) == 64
 
 

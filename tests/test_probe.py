@@ -142,3 +142,14 @@ def test_evidence_is_json_serialisable(tilelang_dsa):
     import json
 
     json.dumps(_status().to_dict())
+
+
+def test_synced_reads_missing_from_the_module_are_incompatible(tilelang_dsa, monkeypatch):
+    """A synced function that looks up a helper only the pull request added."""
+    real = probe_module.read_upstream
+    monkeypatch.setattr(
+        probe_module, "read_upstream", lambda ref: {**real(ref), "reads": ["_pad_for_kernel"]}
+    )
+    report = _status()
+    assert report.verdict is Verdict.INCOMPATIBLE
+    assert "_pad_for_kernel" in report.reason

@@ -38,8 +38,13 @@ stamp="$VENV/.megatron-backports-installed"
 want=$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "[bootstrap] installing megatron-backports[dev] (torch, megatron-core 0.19.2) into $VENV" >&2
-    "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]"
+    log="$VENV/install.log"
+    if ! { "$VENV/bin/python" -m pip install --upgrade pip &&
+           "$VENV/bin/python" -m pip install -e "$ROOT[dev]"; } >"$log" 2>&1; then
+        tail -n 40 "$log" >&2
+        echo "[bootstrap] pip install failed; full log: $log" >&2
+        exit 1
+    fi
     echo "$want" > "$stamp"
 fi
 export VENV ROOT

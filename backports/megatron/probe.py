@@ -50,6 +50,8 @@ def probe_without_import(spec: BackportSpec) -> ProbeResult:
     evidence["upstream"] = {
         key: upstream.get(key) for key in ("repo", "pr", "head_sha", "merge_sha", "origin")
     }
+    # Module globals the vendored code reads at call time, as tools/sync_upstream.py found.
+    evidence["upstream"]["reads"] = [str(name) for name in upstream.get("reads", [])]
     evidence["vendored"] = {
         "file": integrity.file,
         "sha256": integrity.actual,
@@ -77,12 +79,17 @@ def probe_without_import(spec: BackportSpec) -> ProbeResult:
     return ProbeResult(Verdict.NEEDED, "target not probed yet", evidence, final=False)
 
 
-def _check_shape(spec: BackportSpec, target: ResolvedTarget) -> str | None:
-    """Why the target is not what the vendored code was written against, or None."""
+def _check_shape(spec: BackportSpec, target: ResolvedTarget, reads: list[str]) -> str | None:
+    """Why the target is not what the vendored code was written against, or None.
+
+    ``reads`` are the globals a synced vendored function looks up on the live module: a
+    helper that only the pull request added would fail at call time, so it fails here.
+    """
     actual = tuple(inspect.signature(target.original).parameters)
     if actual != spec.target.parameters:
         return f"signature is ({', '.join(actual)}), expected ({', '.join(spec.target.parameters)})"
-    missing = [name for name in spec.target.helpers if name not in vars(target.module)]
+    needed = dict.fromkeys([*spec.target.helpers, *reads])
+    missing = [name for name in needed if name not in vars(target.module)]
     if missing:
         return f"{target.module_name} lacks {', '.join(missing)}"
     return None
@@ -126,7 +133,7 @@ def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
         "attribute": spec.target.attribute,
         "installed": target.installed is not None,
     }
-    problem = _check_shape(spec, target)
+    problem = _check_shape(spec, target, evidence["upstream"]["reads"])
     if problem is not None:
         return ProbeResult(Verdict.INCOMPATIBLE, problem, evidence, target)
     upstream = evidence["upstream"]

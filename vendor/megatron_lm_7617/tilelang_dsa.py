@@ -32,12 +32,46 @@ def _live_target():
     return sys.modules[__target_module__]
 
 
+# Word types a bf16 copy may move instead of 2-byte elements: 16 bytes, else 8.
+_WORDS = (torch.complex128, torch.int64)
+
+
+def _as_words(*tensors):
+    """The same bytes as words of one type, or None where no layout allows it."""
+    for word in _WORDS:
+        try:
+            return [t.view(word) for t in tensors]
+        except RuntimeError:
+            continue
+    return None
+
+
+def _copy(dst, src):
+    """``dst.copy_(src)`` for bf16 tensors, moved as 16- or 8-byte words where both allow.
+
+    A strided copy of 2-byte elements runs well below the memory bandwidth; the same bytes
+    as words (last stride 1, the other strides and the offset multiples of the word) run
+    close to it. Anything else takes the plain copy.
+    """
+    words = _as_words(dst, src)
+    if words is None:
+        dst.copy_(src)
+    else:
+        words[0].copy_(words[1])
+
+
+def _zero(t):
+    words = _as_words(t)
+    (t if words is None else words[0]).zero_()
+
+
 class _ToKernelLayout(torch.autograd.Function):
     """``[s, b, h, d]`` -> zero-padded ``[b, s, heads, width]`` in a single copy.
 
     ``F.pad`` followed by ``permute().contiguous()`` writes the tensor twice, and autograd's
-    slice-assignment backward clones the whole padded gradient; here the forward writes
-    each element once and the backward is one slice-and-permute view of the gradient.
+    slice backward zero-fills and copies the whole padded gradient; here the forward writes
+    each element once and the backward is one slice-and-permute copy into the caller's
+    layout, contiguous, so a leaf's ``.grad`` takes it without another copy.
     """
 
     @staticmethod
@@ -46,23 +80,120 @@ class _ToKernelLayout(torch.autograd.Function):
         ctx.real_shape = (h, d)
         buf = x.new_empty((b, s, heads, width))
         if heads > h:
-            buf[:, :, h:].zero_()
+            _zero(buf[:, :, h:])
         if width > d:
-            buf[:, :, :h, d:].zero_()
-        buf[:, :, :h, :d].copy_(x.permute(1, 0, 2, 3))
+            _zero(buf[:, :, :h, d:])
+        _copy(buf[:, :, :h, :d], x.permute(1, 0, 2, 3))
         return buf
 
     @staticmethod
     def backward(ctx, grad):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
         h, d = ctx.real_shape
-        return grad[:, :, :h, :d].permute(1, 0, 2, 3), None, None
+        b, s = grad.shape[:2]
+        grad_x = grad.new_empty((s, b, h, d))
+        _copy(grad_x.permute(1, 0, 2, 3), grad[:, :, :h, :d])
+        return grad_x, None, None
 
 
 def _to_kernel_layout(x, heads, width):
-    if x.size(2) == heads and x.size(3) == width:
-        # Already the kernel's shape: one transpose copy, as megatron-core does.
-        return x.permute(1, 0, 2, 3).contiguous()
+    view = x.permute(1, 0, 2, 3)
+    if x.size(2) == heads and x.size(3) == width and view.is_contiguous():
+        # Batch 1 at the kernel's shape: the kernel reads the caller's tensor in place.
+        return view
     return _ToKernelLayout.apply(x, heads, width)
+
+
+class _FromKernelLayout(torch.autograd.Function):
+    """Kernel output ``[b, s, heads, v]`` -> the caller's ``[s, b, h, v]``, one copy each way.
+
+    Slicing padded heads off and ``permute().contiguous()`` would copy the output, and in
+    backward zero-fill and copy the gradient before the kernel copies it contiguous again.
+    Without padded heads the backward is a view the kernel makes contiguous.
+    """
+
+    @staticmethod
+    def forward(ctx, out, h):
+        b, s, heads, v = out.shape
+        ctx.kernel_heads = heads
+        result = out.new_empty((s, b, h, v))
+        _copy(result.permute(1, 0, 2, 3), out[:, :, :h])
+        return result
+
+    @staticmethod
+    def backward(ctx, grad):
+        s, b, h, v = grad.shape
+        if ctx.kernel_heads == h:
+            # SparseMLA makes its gradient contiguous itself and drops that copy early; one
+            # made here would stay alive through the whole kernel backward.
+            return grad.permute(1, 0, 2, 3), None
+        grad_out = grad.new_empty((b, s, ctx.kernel_heads, v))
+        if ctx.kernel_heads > h:
+            _zero(grad_out[:, :, h:])
+        _copy(grad_out[:, :, :h], grad.permute(1, 0, 2, 3))
+        return grad_out, None
+
+
+def _from_kernel_layout(out, heads):
+    view = out.permute(1, 0, 2, 3)
+    if out.size(2) == heads and view.is_contiguous():
+        return view  # batch 1, no padded heads: already the caller's layout
+    return _FromKernelLayout.apply(out, heads)
+
+
+_INDEX_BLOCK = 1024
+_index_kernel = None  # the Triton kernel once built; False where Triton is unavailable
+_index_kernel_error = None  # why the fused pass was turned off, if it was
+
+
+def _build_index_kernel():
+    try:
+        import triton
+        import triton.language as tl
+    except ImportError:
+        return False
+
+    @triton.jit
+    def index_kernel(
+        src, dst, seq, topk, padded, num_keys, stride_b, stride_s, stride_k, BLOCK: tl.constexpr
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        src_row = src + (row // seq) * stride_b + (row % seq) * stride_s
+        dst_row = dst + row * padded
+        for start in range(0, padded, BLOCK):
+            cols = start + tl.arange(0, BLOCK)
+            x = tl.load(src_row + cols * stride_k, mask=cols < topk, other=-1)
+            keep = (x >= 0) & (x < num_keys)
+            tl.store(dst_row + cols, tl.where(keep, x, -1).to(tl.int32), mask=cols < padded)
+
+    return index_kernel
+
+
+def _kernel_indices_fused(topk_indices, indices, num_keys):
+    """The whole conversion in one pass over the indices (CUDA, where Triton is present)."""
+    global _index_kernel, _index_kernel_error
+    if _index_kernel is None:
+        _index_kernel = _build_index_kernel()
+    if _index_kernel is False:
+        return False
+    b, sq, topk = topk_indices.shape
+    try:
+        with torch.cuda.device(topk_indices.device):
+            _index_kernel[(b * sq,)](
+                topk_indices,
+                indices,
+                sq,
+                topk,
+                indices.size(-1),
+                num_keys,
+                *topk_indices.stride(),
+                BLOCK=_INDEX_BLOCK,
+            )
+    except Exception as exc:  # a Triton that cannot build here: the plain path is as right
+        _index_kernel, _index_kernel_error = False, exc
+        return False
+    return True
 
 
 def _kernel_indices(topk_indices, num_keys):
@@ -70,18 +201,26 @@ def _kernel_indices(topk_indices, num_keys):
 
     The kernel treats only exactly -1 as an empty slot and checks no upper bound, so every
     index outside ``[0, num_keys)`` becomes -1 here, in the int32 copy the kernel needs
-    anyway: no host sync, and the caller's tensor is never written.
+    anyway: no host sync, and the caller's tensor is never written. On CUDA one fused
+    pass does the copy, the bounds and the -1 padding; elsewhere three tensor ops do.
     """
     b, sq, topk = topk_indices.shape
     padded = -(-topk // _TOPK_BLOCK) * _TOPK_BLOCK
     indices = torch.empty((b, sq, 1, padded), dtype=torch.int32, device=topk_indices.device)
+    if topk_indices.is_cuda and _kernel_indices_fused(topk_indices, indices, num_keys):
+        return indices
     if padded > topk:
         indices[..., topk:].fill_(-1)
     slots = indices[:, :, 0, :topk]
     # Clamp in the caller's dtype before narrowing, so a huge int64 index cannot wrap
     # into a valid int32 one; every negative index is then -1 and every index past the
-    # end is num_keys, which the last step clears.
-    slots.copy_(topk_indices.clamp(min=-1, max=num_keys))
+    # end is num_keys, which the last step clears. A bound past the dtype's range is no
+    # bound at all (int16 indices, more than 32767 keys).
+    high = min(num_keys, torch.iinfo(topk_indices.dtype).max)
+    if topk_indices.dtype == torch.int32:
+        torch.clamp(topk_indices, min=-1, max=high, out=slots)
+    else:
+        slots.copy_(topk_indices.clamp(min=-1, max=high))
     slots.masked_fill_(slots == num_keys, -1)
     return indices
 
@@ -132,5 +271,4 @@ def fused_sparse_mla_absorbed(
     out, _ = sparse_mla.apply(query_bshd, key_bshd, indices_bsgk, softmax_scale)
     if out.ndim != 4 or out.size(2) != kernel_heads or out.size(-1) != v_channels:
         return None
-    out = out[:, :, :query_heads]
-    return out.permute(1, 0, 2, 3).contiguous()
+    return _from_kernel_layout(out, query_heads)

@@ -1,0 +1,810 @@
+"""tools/sync_upstream.py against upstream repositories each test builds with gitpython.
+
+Every upstream here is written by the test, not copied from Megatron-LM: a base commit with
+an unfixed ``tilelang_dsa.py``, the pull request's head commit with the fix (reachable only
+through ``refs/pull/7617/head``, as after a squash-merge), the squash-merge on ``main``,
+and a later commit that moves the module under ``megatron/core/ops/`` and leaves a PEP 562
+forwarder at the old path.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import importlib.util
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import git
+import pytest
+import torch
+from gitdb import IStream
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import sync_upstream  # noqa: E402
+
+BACKPORT = "megatron-lm-7617"
+OLD_PATH = "megatron/core/transformer/experimental_attention_variant/ops/tilelang_dsa.py"
+NEW_PATH = "megatron/core/ops/attention/dsa/kernels/tilelang_dsa.py"
+OLD_MODULE = OLD_PATH.removesuffix(".py").replace("/", ".")
+NEW_MODULE = NEW_PATH.removesuffix(".py").replace("/", ".")
+READS = ["SparseMLA", "_all_bfloat16", "_is_supported_sparse_mla_head_count"]
+
+MODULE_HEAD = '''\
+"""Test stand-in for upstream's TileLang DSA module (written for these tests)."""
+
+from typing import Optional
+
+import torch
+
+try:
+    from megatron.core.transformer.experimental_attention_variant.ops.sparse_mla import SparseMLA
+except (ImportError, OSError):
+    SparseMLA = None
+
+_UNRELATED_CACHE = {}
+
+
+def _is_supported_sparse_mla_head_count(heads: int, kv_group: int = 1) -> bool:
+    if kv_group <= 0 or heads % kv_group:
+        return False
+    per_group = heads // kv_group
+    return per_group >= 16 and per_group & (per_group - 1) == 0
+
+
+def _all_bfloat16(*tensors: torch.Tensor) -> bool:
+    return all(t.dtype == torch.bfloat16 for t in tensors)
+
+
+'''
+
+MODULE_TAIL = """
+
+def run_fused_absorbed_sparse_attention(*args, **kwargs):
+    return fused_sparse_mla_absorbed(*args, **kwargs)
+"""
+
+# megatron-core 0.19.2's signature, which the fix keeps.
+SIGNATURE = """\
+def fused_sparse_mla_absorbed(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    topk_indices: torch.Tensor,
+    softmax_scale: float,
+    v_channels: int,
+) -> Optional[torch.Tensor]:
+"""
+
+UNFIXED_FUNCTION = (
+    SIGNATURE
+    + '''\
+    """Width 576 and top-k in multiples of 64 only."""
+    if SparseMLA is None or not _all_bfloat16(query, key):
+        return None
+    if query.size(-1) != 576 or v_channels != 512 or topk_indices.size(-1) % 64:
+        return None
+    heads = query.size(2)
+    if not _is_supported_sparse_mla_head_count(max(heads, 16), kv_group=key.size(2)):
+        return None
+    q = torch.nn.functional.pad(query, (0, 0, 0, max(heads, 16) - heads))
+    indices = topk_indices.unsqueeze(2).to(torch.int32).contiguous()
+    out, _ = SparseMLA.apply(
+        q.permute(1, 0, 2, 3).contiguous(), key.permute(1, 0, 2, 3).contiguous(), indices,
+        softmax_scale,
+    )
+    return out[:, :, :heads].permute(1, 0, 2, 3).contiguous()
+'''
+)
+
+# The pull request's function, with ``@@`` where a module global is read. Upstream has
+# the bare names; the vendored copy must have ``_live_target().`` there and nowhere else
+# (not in the docstring, the comments or the strings that mention the same names).
+FIXED_TEMPLATE = (
+    SIGNATURE
+    + '''\
+    """Fused SparseMLA for absorbed MLA: NoPE width 512 and any top-k width too.
+
+    Reads SparseMLA, _all_bfloat16 and _is_supported_sparse_mla_head_count at call time.
+    """
+    if @@SparseMLA is None:
+        return None  # no TileLang: the caller's dense path
+    if query.ndim != 4 or key.ndim != 4 or topk_indices.ndim != 3:
+        return None
+    if not @@_all_bfloat16(query, key) or key.size(2) != 1:
+        return None
+    sq, batch, heads, width = query.shape
+    sk, topk = key.size(0), topk_indices.size(-1)
+    if key.size(1) != batch or tuple(topk_indices.shape[:2]) != (batch, sq):
+        return None
+    if key.size(-1) != width or width not in (512, 576) or v_channels != 512:
+        return None
+    if topk_indices.dtype not in (torch.int16, torch.int32, torch.int64):
+        return None
+    if min(sq, sk, topk, heads) <= 0:
+        return None
+    kernel_heads = max(heads, 16)
+    if not @@_is_supported_sparse_mla_head_count(kernel_heads, kv_group=key.size(2)):
+        return None
+
+    # NoPE: the zero channels 512..575 add nothing to q.k, so softmax_scale passes
+    # through unchanged. Heads are padded to the kernel's 16-head tile.
+    extra = 576 - width
+    q = torch.nn.functional.pad(query, (0, extra, 0, kernel_heads - heads))
+    kv = torch.nn.functional.pad(key, (0, extra))
+
+    # -1 is the kernel's only empty slot: pad top-k to 64 with it, and make every index
+    # outside [0, sk) one too ("SparseMLA" checks no upper bound).
+    blocks = -(-topk // 64) * 64
+    indices = torch.full(
+        (batch, sq, 1, blocks), -1, dtype=torch.int32, device=topk_indices.device
+    )
+    in_range = (topk_indices >= 0) & (topk_indices < sk)
+    indices[:, :, 0, :topk] = torch.where(in_range, topk_indices, -1).to(torch.int32)
+
+    out, _ = @@SparseMLA.apply(
+        q.permute(1, 0, 2, 3).contiguous(),
+        kv.permute(1, 0, 2, 3).contiguous(),
+        indices,
+        softmax_scale,
+    )
+    if out.ndim != 4 or out.size(2) != kernel_heads or out.size(-1) != v_channels:
+        return None
+    return out[:, :, :heads].permute(1, 0, 2, 3).contiguous()
+'''
+)
+FIXED_FUNCTION = FIXED_TEMPLATE.replace("@@", "")
+FIXED_LIVE = FIXED_TEMPLATE.replace("@@", "_live_target().")
+
+FORWARDER = f'''\
+"""Moved to {NEW_MODULE}; this forwarder stays for one release."""
+
+import importlib
+
+
+def __getattr__(name):
+    return getattr(importlib.import_module("{NEW_MODULE}"), name)
+'''
+
+_WHEN = "1767614400 +0000"  # 2026-01-05, fixed so every run builds the same SHAs
+_WHO = git.Actor("Upstream Dev", "dev@example.com")
+
+
+def module_with(function: str) -> str:
+    return MODULE_HEAD + function + MODULE_TAIL
+
+
+# --- the upstream repository --------------------------------------------------------------
+
+
+@dataclass
+class Upstream:
+    path: Path
+    repo: git.Repo
+    base: str
+    pr_head: str
+    merge: str
+    moved: str
+
+    def commit(self, files: dict[str, str | None], message: str, parent: str | None = None) -> str:
+        """A commit on top of ``parent`` (default: the move), kept alive by a branch."""
+        return commit_files(self.repo, files, message, parent or self.moved, branch=True)
+
+
+def commit_files(
+    repo: git.Repo,
+    files: dict[str, str | None],
+    message: str,
+    parent: str | None,
+    branch: bool = False,
+) -> str:
+    """Write (or, for None, delete) ``files`` over ``parent``'s tree and commit them."""
+    work = Path(repo.working_tree_dir or "")
+    if parent is not None:
+        repo.git.checkout("--quiet", "--force", parent)
+    for name, text in files.items():
+        target = work / name
+        if text is None:
+            repo.index.remove([name], working_tree=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+        repo.index.add([name])
+    parents = [repo.commit(parent)] if parent is not None else []
+    commit = repo.index.commit(
+        message,
+        parent_commits=parents,
+        head=False,
+        author=_WHO,
+        committer=_WHO,
+        author_date=_WHEN,
+        commit_date=_WHEN,
+    )
+    if branch:
+        repo.create_head(f"topic-{commit.hexsha[:10]}", commit)
+    return commit.hexsha
+
+
+def build_upstream(path: Path) -> Upstream:
+    repo = git.Repo.init(path)
+    base = commit_files(repo, {OLD_PATH: module_with(UNFIXED_FUNCTION)}, "base", None)
+    pr_head = commit_files(repo, {OLD_PATH: module_with(FIXED_FUNCTION)}, "Fix #7617", base)
+    git.Reference.create(repo, "refs/pull/7617/head", pr_head)
+    # A squash-merge: the head's tree on top of base, so the head is on no branch.
+    squash = git.Commit.create_from_tree(
+        repo,
+        repo.commit(pr_head).tree,
+        "NoPE and unaligned top-k (#7617)",
+        parent_commits=[repo.commit(base)],
+        author=_WHO,
+        committer=_WHO,
+        author_date=_WHEN,
+        commit_date=_WHEN,
+    ).hexsha
+    moved = commit_files(
+        repo,
+        {NEW_PATH: module_with(FIXED_FUNCTION), OLD_PATH: FORWARDER},
+        "Move the DSA kernels under megatron/core/ops/",
+        squash,
+    )
+    repo.git.branch("--force", "main", moved)
+    repo.git.checkout("--quiet", "main")
+    return Upstream(path, repo, base, pr_head, squash, moved)
+
+
+@pytest.fixture
+def upstream(tmp_path: Path) -> Upstream:
+    return build_upstream(tmp_path / "Megatron-LM")
+
+
+# --- running the tool ---------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture(autouse=True)
+def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The cache clone goes under a temporary XDG_CACHE_HOME; the real home is never used."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def vendor(tmp_path: Path) -> Path:
+    """A copy of this repository's vendor/ to sync into."""
+    copy = tmp_path / "vendor"
+    shutil.copytree(ROOT / "vendor", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+Tool = Callable[..., Run]
+
+
+@pytest.fixture
+def tool(vendor: Path, capsys: pytest.CaptureFixture[str]) -> Tool:
+    def run(*args: str) -> Run:
+        try:
+            code = sync_upstream.main([*args, "--vendor-dir", str(vendor)])
+        except SystemExit as exc:  # argparse usage errors
+            code = int(exc.code or 0)
+        captured = capsys.readouterr()
+        return Run(code, captured.out, captured.err)
+
+    return run
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+def manifest(vendor: Path) -> dict[str, Any]:
+    return tomllib.loads((vendor / "megatron_lm_7617" / "UPSTREAM.toml").read_text())
+
+
+def vendored_text(vendor: Path) -> str:
+    return (vendor / "megatron_lm_7617" / "tilelang_dsa.py").read_text(encoding="utf-8")
+
+
+def sync_pr_head(tool: Tool, upstream: Upstream, *extra: str) -> Run:
+    args = ("--sha", upstream.pr_head[:7], "--pr", "7617", "--repo", str(upstream.path))
+    return tool("--backport", BACKPORT, *args, *extra)
+
+
+def load_module(path: Path, name: str) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- the vendored output ------------------------------------------------------------------
+
+
+def test_sync_writes_the_upstream_function_with_live_reads(tool: Tool, upstream: Upstream) -> None:
+    run = sync_pr_head(tool, upstream)
+    assert run.code == 0, run.err
+    text = vendored_text(upstream.path.parent / "vendor")
+    # Byte for byte upstream's function (comments, blank lines, docstring and strings that
+    # mention the same names included), with only the global reads made live.
+    assert text.endswith("\n\n\n" + FIXED_LIVE)
+    compile(text, "tilelang_dsa.py", "exec", dont_inherit=True)
+    assert "from typing import Optional\nimport torch\n" in text
+
+
+def test_header_names_repo_pr_sha_path_and_symbol(tool: Tool, upstream: Upstream) -> None:
+    assert sync_pr_head(tool, upstream).code == 0
+    head = vendored_text(upstream.path.parent / "vendor").splitlines()[:7]
+    assert head == [
+        "# Vendored for megatron-backports; see UPSTREAM.toml beside this file.",
+        "# repo:   https://github.com/NVIDIA/Megatron-LM.git",
+        "# pr:     7617",
+        f"# sha:    {upstream.pr_head}",
+        f"# path:   {OLD_PATH}",
+        "# symbol: fused_sparse_mla_absorbed",
+        "# origin: synced by tools/sync_upstream.py: upstream's function as it is, except that",
+    ]
+
+
+def test_manifest_records_the_sync(tool: Tool, upstream: Upstream, vendor: Path) -> None:
+    before = manifest(vendor)
+    assert sync_pr_head(tool, upstream).code == 0
+    after = manifest(vendor)
+    data = (vendor / "megatron_lm_7617" / "tilelang_dsa.py").read_bytes()
+    assert after["sha256"] == hashlib.sha256(data).hexdigest()
+    assert after["upstream_sha256"] == hashlib.sha256(FIXED_FUNCTION.encode()).hexdigest()
+    assert after["origin"] == "synced"
+    assert after["synced_sha"] == upstream.pr_head
+    assert after["synced_path"] == OLD_PATH
+    assert after["synced_repo"] == str(upstream.path)
+    assert after["synced_date"] == datetime.datetime.now(datetime.UTC).date().isoformat()
+    assert after["reads"] == READS
+    kept = ("id", "repo", "pr", "head_sha", "merge_sha", "path", "moved_path", "symbol", "file")
+    assert {k: after[k] for k in kept} == {k: before[k] for k in kept}
+    text = (vendor / "megatron_lm_7617" / "UPSTREAM.toml").read_text()
+    assert text.startswith("# Provenance of the vendored code in this folder.")
+
+
+def test_the_diff_is_printed(tool: Tool, upstream: Upstream) -> None:
+    run = sync_pr_head(tool, upstream)
+    assert run.code == 0
+    assert "--- a/vendor/megatron_lm_7617/tilelang_dsa.py\n" in run.out
+    assert "+++ b/vendor/megatron_lm_7617/tilelang_dsa.py\n" in run.out
+    assert "-# origin: handwritten in this repository" in run.out
+    assert "+    if _live_target().SparseMLA is None:\n" in run.out
+    assert '\n-origin = "handwritten"\n' in run.out and '\n+origin = "synced"\n' in run.out
+    assert f"reads from the target module: {', '.join(READS)}" in run.out
+
+
+def test_a_sha_off_the_pull_request_is_noted(tool: Tool, upstream: Upstream) -> None:
+    args = ("--sha", upstream.moved, "--repo", str(upstream.path))
+    assert tool("--backport", BACKPORT, *args, "--dry-run").code == 0  # now in the cache
+    run = tool("--backport", BACKPORT, *args, "--pr", "7617", "--dry-run")
+    assert run.code == 0, run.err
+    assert f"note: {upstream.moved[:12]} is not on refs/pull/7617/head" in run.out
+    assert "is not on refs/pull" not in sync_pr_head(tool, upstream, "--dry-run").out
+
+
+def test_dry_run_prints_the_diff_and_writes_nothing(
+    tool: Tool, upstream: Upstream, vendor: Path
+) -> None:
+    before = snapshot(vendor)
+    run = sync_pr_head(tool, upstream, "--dry-run")
+    assert run.code == 0
+    assert "+++ b/vendor/megatron_lm_7617/tilelang_dsa.py" in run.out
+    assert "dry run; nothing written" in run.out
+    assert snapshot(vendor) == before
+
+
+def test_a_second_sync_changes_nothing(tool: Tool, upstream: Upstream, vendor: Path) -> None:
+    assert sync_pr_head(tool, upstream).code == 0
+    first = snapshot(vendor)
+    run = sync_pr_head(tool, upstream)
+    assert run.code == 0
+    assert "up to date" in run.out and "---" not in run.out
+    assert snapshot(vendor) == first
+    # By full SHA, without --pr, from the cache: the same bytes again.
+    again = tool("--backport", BACKPORT, "--sha", upstream.pr_head, "--repo", str(upstream.path))
+    assert again.code == 0 and "up to date" in again.out
+    assert snapshot(vendor) == first
+
+
+def test_an_old_sync_date_survives_a_sync_that_changes_nothing(
+    tool: Tool, upstream: Upstream, vendor: Path
+) -> None:
+    assert sync_pr_head(tool, upstream).code == 0
+    path = vendor / "megatron_lm_7617" / "UPSTREAM.toml"
+    today = datetime.datetime.now(datetime.UTC).date().isoformat()
+    path.write_text(path.read_text().replace(today, "2026-01-02"))
+    assert sync_pr_head(tool, upstream).code == 0
+    assert manifest(vendor)["synced_date"] == "2026-01-02"
+
+
+def test_synced_function_reads_the_live_target_module(
+    tool: Tool, upstream: Upstream, vendor: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert sync_pr_head(tool, upstream).code == 0
+    vendored = load_module(vendor / "megatron_lm_7617" / "tilelang_dsa.py", "synced_7617_live")
+    assert vendored.__reads__ == tuple(READS)
+    target = types.ModuleType("fake_tilelang_dsa")
+    monkeypatch.setitem(sys.modules, target.__name__, target)
+    monkeypatch.setattr(vendored, "__target_module__", target.__name__)
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.seen: list[tuple[int, ...]] = []
+
+        def apply(self, q: torch.Tensor, kv: torch.Tensor, idx: torch.Tensor, scale: float):
+            self.seen.append((q.size(2), q.size(3), kv.size(3), idx.size(3)))
+            return q.new_zeros((*q.shape[:3], 512)), None
+
+    target.SparseMLA = first = Recorder()
+    target._all_bfloat16 = lambda *tensors: True
+    target._is_supported_sparse_mla_head_count = lambda heads, kv_group=1: heads == 16
+    query = torch.zeros(2, 1, 3, 512, dtype=torch.bfloat16)
+    key = torch.zeros(5, 1, 1, 512, dtype=torch.bfloat16)
+    topk = torch.zeros(1, 2, 65, dtype=torch.int64)
+    out = vendored.fused_sparse_mla_absorbed(query, key, topk, 0.5, 512)
+    assert out is not None and out.shape == (2, 1, 3, 512)
+    assert first.seen == [(16, 576, 576, 128)]
+    # Replaced on the target after import: the vendored code sees the new objects.
+    target.SparseMLA = second = Recorder()
+    assert vendored.fused_sparse_mla_absorbed(query, key, topk, 0.5, 512) is not None
+    assert len(first.seen) == 1 and len(second.seen) == 1
+    target._all_bfloat16 = lambda *tensors: False
+    assert vendored.fused_sparse_mla_absorbed(query, key, topk, 0.5, 512) is None
+    target._all_bfloat16 = lambda *tensors: True
+    target.SparseMLA = None
+    assert vendored.fused_sparse_mla_absorbed(query, key, topk, 0.5, 512) is None
+
+
+# --- where the source comes from ----------------------------------------------------------
+
+
+def test_follows_the_planned_move_past_a_forwarder(
+    tool: Tool, upstream: Upstream, vendor: Path
+) -> None:
+    run = tool("--backport", BACKPORT, "--sha", upstream.moved[:9], "--repo", str(upstream.path))
+    assert run.code == 0, run.err
+    assert f"note: {OLD_PATH} does not define fused_sparse_mla_absorbed (a forwarder)" in run.out
+    assert f"reading the planned new location {NEW_PATH}" in run.out
+    assert manifest(vendor)["synced_path"] == NEW_PATH
+    assert f"# path:   {NEW_PATH}\n" in vendored_text(vendor)
+    # The default target stays where installed releases define the function.
+    assert f'__target_module__ = "{OLD_MODULE}"' in vendored_text(vendor)
+
+
+def test_follows_the_planned_move_when_the_old_path_is_gone(
+    tool: Tool, upstream: Upstream, vendor: Path
+) -> None:
+    gone = upstream.commit({OLD_PATH: None}, "Drop the forwarder")
+    run = tool("--backport", BACKPORT, "--sha", gone, "--repo", str(upstream.path))
+    assert run.code == 0, run.err
+    assert f"note: {OLD_PATH} is gone at {gone[:12]}" in run.out
+    assert manifest(vendor)["synced_path"] == NEW_PATH
+
+
+def test_reads_the_old_path_while_it_still_defines_the_function(
+    tool: Tool, upstream: Upstream, vendor: Path
+) -> None:
+    run = tool("--backport", BACKPORT, "--sha", upstream.merge[:8], "--repo", str(upstream.path))
+    assert run.code == 0, run.err
+    assert "note:" not in run.out
+    assert manifest(vendor)["synced_path"] == OLD_PATH
+
+
+def test_file_url_and_the_cache_clone(
+    tool: Tool, upstream: Upstream, cache_home: Path, vendor: Path
+) -> None:
+    url = upstream.path.as_uri()
+    run = tool("--backport", BACKPORT, "--sha", upstream.merge, "--repo", url)
+    assert run.code == 0, run.err
+    assert manifest(vendor)["synced_repo"] == url
+    clones = list((cache_home / "megatron-backports" / "upstream").glob("Megatron-LM-*.git"))
+    assert len(clones) == 1 and git.Repo(clones[0]).bare
+    assert not (cache_home.parent / "home").exists()
+
+
+def test_a_full_sha_already_cached_needs_no_network(
+    tool: Tool, upstream: Upstream, vendor: Path
+) -> None:
+    assert sync_pr_head(tool, upstream).code == 0
+    first = snapshot(vendor)
+    shutil.rmtree(upstream.path)  # the "network" is gone
+    run = tool("--backport", BACKPORT, "--sha", upstream.pr_head, "--repo", str(upstream.path))
+    assert run.code == 0, run.err
+    assert snapshot(vendor) == first
+
+
+def test_git_runs_without_a_shell(
+    tool: Tool, upstream: Upstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[Any, dict[str, Any]]] = []
+    real = subprocess.Popen.__init__
+
+    def popen(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+        calls.append((args, kwargs))
+        real(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", popen)
+    assert sync_pr_head(tool, upstream).code == 0
+    assert calls
+    assert all(not kwargs.get("shell") and isinstance(args, list) for args, kwargs in calls)
+    assert all(Path(args[0]).name == "git" for args, _ in calls)
+
+
+# --- --check ------------------------------------------------------------------------------
+
+
+def test_check_passes_on_a_clean_sync_and_names_a_hand_edit(
+    tool: Tool, upstream: Upstream, vendor: Path
+) -> None:
+    assert sync_pr_head(tool, upstream).code == 0
+    clean = tool("--check")
+    assert clean.code == 0 and "ok: 1 vendored file(s)" in clean.out
+    path = vendor / "megatron_lm_7617" / "tilelang_dsa.py"
+    path.write_text(path.read_text().replace("return None  # no TileLang", "return None  #"))
+    edited = tool("--check")
+    assert edited.code == 1
+    assert "drifted: vendor/megatron_lm_7617/tilelang_dsa.py" in edited.out
+
+
+def test_check_names_a_missing_vendored_file(tool: Tool, vendor: Path) -> None:
+    (vendor / "megatron_lm_7617" / "tilelang_dsa.py").unlink()
+    run = tool("--check", "--backport", BACKPORT)
+    assert run.code == 1 and "drifted: vendor/megatron_lm_7617/tilelang_dsa.py" in run.out
+
+
+def test_check_on_this_repository_as_ci_runs_it() -> None:
+    run = subprocess.run(
+        [sys.executable, "tools/sync_upstream.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "ok: 1 vendored file(s) match their UPSTREAM.toml" in run.stdout
+
+
+def test_the_script_reports_an_error_with_status_2(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "sync_upstream.py"),
+            "--backport",
+            BACKPORT,
+            "--sha",
+            "not-hex",
+            "--vendor-dir",
+            str(ROOT / "vendor"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)},
+    )
+    assert run.returncode == 2
+    assert "sync_upstream.py: error: --sha must be 4 to 40 hex digits" in run.stderr
+
+
+# --- errors: a clear message, status 2, nothing written -----------------------------------
+
+
+def expect_error(tool: Tool, vendor: Path, *args: str, says: str) -> Run:
+    before = snapshot(vendor)
+    run = tool(*args)
+    assert run.code == 2, (run.out, run.err)
+    assert says in run.err, run.err
+    assert snapshot(vendor) == before
+    return run
+
+
+@pytest.mark.parametrize("sha", ["xyz1234", "12", "abc", "-rf", "1" * 41, "HEAD", "3d07 347"])
+def test_a_sha_that_is_not_hex(tool: Tool, vendor: Path, upstream: Upstream, sha: str) -> None:
+    args = ("--backport", BACKPORT, f"--sha={sha}", "--repo", str(upstream.path))
+    expect_error(tool, vendor, *args, says="--sha must be 4 to 40 hex digits")
+
+
+@pytest.mark.parametrize(
+    "backport", ["megatron-lm-9999", "megatron_lm_7617", "../vendor", "MEGATRON-LM-7617", ""]
+)
+def test_an_invalid_backport(tool: Tool, vendor: Path, upstream: Upstream, backport: str) -> None:
+    args = ("--backport", backport, "--sha", upstream.pr_head, "--repo", str(upstream.path))
+    run = expect_error(tool, vendor, *args, says="unknown backport")
+    assert "known under" in run.err and BACKPORT in run.err
+
+
+@pytest.mark.parametrize("sha", ["deadbeef", "0" * 40])
+def test_an_unknown_sha(tool: Tool, vendor: Path, upstream: Upstream, sha: str) -> None:
+    args = ("--backport", BACKPORT, "--sha", sha, "--repo", str(upstream.path))
+    expect_error(tool, vendor, *args, says=f"no commit {sha} in {upstream.path}")
+
+
+def test_a_sha_not_on_the_pull_request(tool: Tool, vendor: Path, upstream: Upstream) -> None:
+    args = ("--backport", BACKPORT, "--sha", upstream.moved[:8], "--pr", "7617")
+    says = f"no commit {upstream.moved[:8]} on refs/pull/7617/head of {upstream.path}"
+    expect_error(tool, vendor, *args, "--repo", str(upstream.path), says=says)
+
+
+def test_a_pr_commit_by_short_sha_needs_the_pr(
+    tool: Tool, vendor: Path, upstream: Upstream
+) -> None:
+    args = ("--backport", BACKPORT, "--sha", upstream.pr_head[:7], "--repo", str(upstream.path))
+    expect_error(tool, vendor, *args, says="a commit only on a pull request needs --pr N")
+
+
+def _commit_object(tree: str, parent: str, attempt: int) -> bytes:
+    stamp = "1767614400 +0000"
+    return (
+        f"tree {tree}\nparent {parent}\nauthor A <a@example.com> {stamp}\n"
+        f"committer A <a@example.com> {stamp}\n\nattempt {attempt}\n"
+    ).encode()
+
+
+def _git_sha(kind: str, body: bytes) -> str:
+    return hashlib.sha1(f"{kind} {len(body)}\0".encode() + body).hexdigest()
+
+
+def make_ambiguous_prefix(upstream: Upstream) -> str:
+    """Two commits on branches whose SHAs share four leading hex digits."""
+    tree = upstream.repo.commit(upstream.moved).tree.hexsha
+    seen: dict[str, bytes] = {}
+    attempt = 0
+    while True:
+        body = _commit_object(tree, upstream.moved, attempt)
+        prefix = _git_sha("commit", body)[:4]
+        if prefix in seen:
+            break
+        seen[prefix] = body
+        attempt += 1
+    for data in (seen[prefix], body):
+        upstream.repo.odb.store(IStream("commit", len(data), io.BytesIO(data)))
+        upstream.repo.git.branch(f"twin-{_git_sha('commit', data)[:10]}", _git_sha("commit", data))
+    return prefix
+
+
+def test_an_ambiguous_short_sha(tool: Tool, vendor: Path, upstream: Upstream) -> None:
+    prefix = make_ambiguous_prefix(upstream)
+    args = ("--backport", BACKPORT, "--sha", prefix, "--repo", str(upstream.path))
+    expect_error(tool, vendor, *args, says=f"{prefix} is ambiguous in {upstream.path}")
+
+
+def test_an_unreachable_repo(tool: Tool, vendor: Path, tmp_path: Path) -> None:
+    nowhere = str(tmp_path / "nowhere")
+    for sha in ("3d07347", "3d07347" + "0" * 33):
+        args = ("--backport", BACKPORT, "--sha", sha, "--repo", nowhere)
+        expect_error(tool, vendor, *args, says=f"cannot fetch from {nowhere}")
+    args = ("--backport", BACKPORT, "--sha", "3d07347", "--pr", "7617", "--repo", nowhere)
+    expect_error(tool, vendor, *args, says=f"cannot fetch refs/pull/7617/head from {nowhere}")
+
+
+def test_a_pull_request_that_does_not_exist(tool: Tool, vendor: Path, upstream: Upstream) -> None:
+    args = ("--backport", BACKPORT, "--sha", upstream.pr_head, "--repo", str(upstream.path))
+    expect_error(tool, vendor, *args, "--pr", "9999", says="cannot fetch refs/pull/9999/head")
+
+
+@pytest.mark.parametrize("repo", ["--upload-pack=touch pwned", "ext::sh -c touch% pwned"])
+def test_a_repo_argument_git_would_run(tool: Tool, vendor: Path, repo: str) -> None:
+    args = ("--backport", BACKPORT, "--sha", "3d07347", "--repo", repo)
+    expect_error(tool, vendor, *args, says="is neither a URL nor a path")
+
+
+def test_a_missing_path(tool: Tool, vendor: Path, upstream: Upstream) -> None:
+    gone = upstream.commit({OLD_PATH: None, NEW_PATH: None, "README": "gone\n"}, "Drop DSA")
+    args = ("--backport", BACKPORT, "--sha", gone, "--repo", str(upstream.path))
+    expect_error(tool, vendor, *args, says=f"neither {OLD_PATH} nor {NEW_PATH} exists")
+
+
+BROKEN_SOURCES = {
+    "missing symbol": (
+        module_with(FIXED_FUNCTION.replace("def fused_sparse_mla_absorbed(", "def renamed(")),
+        "defines no top-level 'fused_sparse_mla_absorbed'",
+    ),
+    "a class": (
+        module_with("class fused_sparse_mla_absorbed:\n    pass\n"),
+        "'fused_sparse_mla_absorbed' in",
+    ),
+    "an assignment": (
+        module_with("fused_sparse_mla_absorbed = _all_bfloat16\n"),
+        "is bound by an ast.Assign statement, not a def",
+    ),
+    "does not parse": (module_with("def fused_sparse_mla_absorbed(:\n"), "does not parse"),
+    "nonlocal without a binding": (
+        module_with("def fused_sparse_mla_absorbed(query):\n    nonlocal heads\n"),
+        "the vendored result does not compile: no binding for nonlocal 'heads'",
+    ),
+    "a class pattern on a module global": (
+        module_with(
+            "def fused_sparse_mla_absorbed(query):\n"
+            "    match query:\n"
+            "        case SparseMLA():\n"
+            "            return None\n"
+        ),
+        "the vendored result does not compile",
+    ),
+    "a default read from the module": (
+        module_with("def fused_sparse_mla_absorbed(query, kernel=SparseMLA):\n    return kernel\n"),
+        "reads SparseMLA from its module when it is defined",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN_SOURCES))
+def test_an_unusable_source(tool: Tool, vendor: Path, upstream: Upstream, case: str) -> None:
+    source, says = BROKEN_SOURCES[case]
+    sha = upstream.commit({NEW_PATH: source}, f"Break it: {case}")
+    args = ("--backport", BACKPORT, "--sha", sha, "--repo", str(upstream.path))
+    run = expect_error(tool, vendor, *args, says=says)
+    if case == "a class":
+        assert "is a class, not a function" in run.err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--check", "--sha", "3d07347"),
+        ("--check", "--dry-run"),
+        ("--backport", BACKPORT),
+        ("--sha", "3d07347"),
+    ],
+)
+def test_usage_errors(tool: Tool, vendor: Path, args: tuple[str, ...]) -> None:
+    before = snapshot(vendor)
+    run = tool(*args)
+    assert run.code == 2 and "usage:" in run.err
+    assert snapshot(vendor) == before
+
+
+def test_a_non_positive_pr(tool: Tool, vendor: Path, upstream: Upstream) -> None:
+    args = ("--backport", BACKPORT, "--sha", upstream.pr_head, "--pr", "0")
+    expect_error(tool, vendor, *args, says="--pr must be a positive")
+
+
+@pytest.fixture
+def no_rename(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    def fail(src: Any, dst: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    yield
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(
+    upstream: Upstream, vendor: Path, no_rename: None
+) -> None:
+    before = snapshot(vendor)
+    with pytest.raises(OSError, match="No space"):
+        sync_upstream.main(
+            [
+                "--backport",
+                BACKPORT,
+                "--sha",
+                upstream.merge,
+                "--repo",
+                str(upstream.path),
+                "--vendor-dir",
+                str(vendor),
+            ]
+        )
+    assert snapshot(vendor) == before
