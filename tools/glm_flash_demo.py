@@ -44,9 +44,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=None, help="sequence length")
     parser.add_argument("--json", action="store_true", help="print the reports as JSON too")
+    parser.add_argument(
+        "--via-hook",
+        action="store_true",
+        help="call no apply() before megatron's import: `backports apply`'s start-up hook must",
+    )
     args = parser.parse_args()
 
-    _print_reports("apply() at job start, before megatron is imported", backports.apply())
+    if not args.via_hook:
+        _print_reports("apply() at job start, before megatron is imported", backports.apply())
 
     import importlib
 
@@ -54,6 +60,11 @@ def main() -> int:
 
     tilelang_dsa = importlib.import_module(TILELANG_DSA)  # the post-import hook fires here
     from megatron.core.transformer.experimental_attention_variant import dsa, dsa_kernels
+
+    if args.via_hook:
+        marker = getattr(tilelang_dsa.fused_sparse_mla_absorbed, "__backport__", None)
+        print("\n== a new interpreter that called no apply() imported megatron:")
+        print(f"  installed by the start-up hook: {marker or 'nothing'}")
 
     reports = backports.apply()
     _print_reports("after megatron imported the target", reports)

@@ -19,7 +19,7 @@ from .report import Action, Report, Verdict
 from .targets import find_loaded_target
 from .vendored import load_replacement
 
-__all__ = ["applied", "apply", "revert", "status"]
+__all__ = ["applied", "apply", "disabled_reason", "is_deferred", "last_report", "revert", "status"]
 
 ENV_ENABLE = "MEGATRON_BACKPORTS"  # "0" turns every backport off
 ENV_SKIP = "MEGATRON_BACKPORTS_SKIP"  # comma-separated ids to turn off
@@ -45,7 +45,8 @@ def _select(only: str | Iterable[str] | None) -> list[BackportSpec]:
         raise BackportError(exc.args[0]) from None
 
 
-def _disabled_reason(spec: BackportSpec) -> str | None:
+def disabled_reason(spec: BackportSpec) -> str | None:
+    """Why the environment turns ``spec`` off, or None."""
     if os.environ.get(ENV_ENABLE, "").strip() == "0":
         return f"{ENV_ENABLE}=0 turns every backport off"
     skipped = {part.strip() for part in os.environ.get(ENV_SKIP, "").split(",")}
@@ -90,6 +91,16 @@ def _hook_key(spec: BackportSpec) -> str:
     return f"backports.megatron:{spec.id}"
 
 
+def last_report(backport_id: str) -> Report | None:
+    """What ``apply()`` last decided for this backport in this process, if it ran."""
+    return _last.get(backport_id)
+
+
+def is_deferred(spec: BackportSpec) -> bool:
+    """Whether an import hook waits to probe and install ``spec`` on the target's import."""
+    return bool(post_import.registered(_hook_key(spec)))
+
+
 def _on_target_import(spec: BackportSpec, strict: bool) -> post_import.Callback:
     def callback(module: ModuleType) -> None:
         with patcher.lock():
@@ -103,7 +114,7 @@ def _on_target_import(spec: BackportSpec, strict: bool) -> post_import.Callback:
 
 
 def _apply_one(spec: BackportSpec, strict: bool) -> Report:
-    reason = _disabled_reason(spec)
+    reason = disabled_reason(spec)
     if reason is not None:
         return Report(spec.id, Verdict.DISABLED, Action.SKIPPED, reason)
     current = patcher.installed(spec.id)
@@ -146,7 +157,7 @@ def status(only: str | Iterable[str] | None = None) -> list[Report]:
     """Probe each backport and say what ``apply`` would do; changes nothing."""
     reports = []
     for spec in _select(only):
-        reason = _disabled_reason(spec)
+        reason = disabled_reason(spec)
         if reason is not None:
             reports.append(Report(spec.id, Verdict.DISABLED, Action.WOULD_SKIP, reason))
             continue
@@ -166,7 +177,7 @@ def revert(only: str | Iterable[str] | None = None) -> list[Report]:
     reports = []
     with patcher.lock():
         for spec in _select(only):
-            pending = bool(post_import.registered(_hook_key(spec)))
+            pending = is_deferred(spec)
             post_import.unregister(_hook_key(spec))
             removed = patcher.uninstall(spec.id)
             last = _last.pop(spec.id, None)

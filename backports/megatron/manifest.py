@@ -3,7 +3,7 @@
 import importlib.metadata
 from typing import Any
 
-from . import api, post_import
+from . import api
 from .catalog import CATALOG, BackportSpec
 from .patcher import installed
 from .probe import ProbeResult, probe, probe_without_import
@@ -25,21 +25,19 @@ def _package_version() -> str | None:
 
 def _decision(spec: BackportSpec, early: ProbeResult) -> tuple[Verdict | None, str]:
     """(verdict, what this process did), importing nothing megatron has not imported yet."""
-    # api's record of what apply() decided here; api keeps no public accessor for it.
-    last = api._last.get(spec.id)
+    last = api.last_report(spec.id)
     if installed(spec.id) is not None:
         return (last.verdict if last else Verdict.NEEDED), "installed"
     if last is not None:
         return last.verdict, "skipped"
-    if api._disabled_reason(spec) is not None:
+    if api.disabled_reason(spec) is not None:
         return Verdict.DISABLED, "skipped"
     if early.final:
         return early.verdict, "not-applied"
     if find_loaded_target(spec.target, spec.id) is not None:
         return probe(spec).verdict, "not-applied"
     # Deciding now would import megatron's target module: a manifest must not cost that.
-    pending = bool(post_import.registered(api._hook_key(spec)))
-    return None, "deferred" if pending else "not-applied"
+    return None, "deferred" if api.is_deferred(spec) else "not-applied"
 
 
 def _entry(spec: BackportSpec) -> dict[str, Any]:
