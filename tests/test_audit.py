@@ -34,8 +34,9 @@ _NETWORK_ERRORS = (
 
 
 def _wheel(request: pytest.FixtureRequest, version: str) -> Path:
-    if request.config.cache is not None:  # None under -p no:cacheprovider
-        cache = Path(request.config.cache.mkdir("megatron-core-wheels"))
+    pytest_cache = getattr(request.config, "cache", None)  # absent: -p no:cacheprovider
+    if pytest_cache is not None:
+        cache = Path(pytest_cache.mkdir("megatron-core-wheels"))
     else:
         cache = request.getfixturevalue("tmp_path_factory").mktemp("megatron-core-wheels")
     found = sorted(cache.glob(f"megatron_core-{version}-*.whl"))
