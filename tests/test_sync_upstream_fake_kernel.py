@@ -21,7 +21,7 @@ import pytest
 
 import tests.test_fused_sparse_mla_absorbed as behaviour
 import tests.test_fused_sparse_mla_absorbed_properties as properties
-from backports.megatron import Action, Verdict, api, apply
+from backports.megatron import Action, Verdict, apply, catalog
 from backports.megatron.catalog import MEGATRON_LM_7617, BackportSpec
 from backports.megatron.probe import probe
 from tests.fake_kernel import FakeSparseMLA
@@ -56,7 +56,7 @@ def synced_catalog(synced_vendor: Path, monkeypatch: pytest.MonkeyPatch) -> Back
     """``apply()`` and ``revert()`` see the synced copy in place of vendor/."""
     monkeypatch.syspath_prepend(str(synced_vendor.parent))
     spec = spec_for(f"{PACKAGE}.megatron_lm_7617")
-    monkeypatch.setattr(api, "CATALOG", (spec,))
+    monkeypatch.setattr(catalog, "CATALOG", (spec,))  # what select(), so apply(), reads
     return spec
 
 

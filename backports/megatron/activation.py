@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .catalog import CATALOG, BackportSpec, by_id
+from .catalog import select
 from .errors import BackportError
 
 __all__ = [
@@ -92,20 +92,13 @@ def deactivate() -> None:
 
 def target_modules(only: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """Every module name the (selected) backports may patch, in catalog order."""
-    specs = CATALOG if only is None else _select(only)
+    specs = select(only)
     return tuple(dict.fromkeys(m for spec in specs for m in spec.target.modules))
 
 
 def watched_packages(only: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """The top-level packages whose first import triggers ``apply()``."""
     return tuple(dict.fromkeys(name.partition(".")[0] for name in target_modules(only)))
-
-
-def _select(only: tuple[str, ...]) -> list[BackportSpec]:
-    try:
-        return [by_id(backport_id) for backport_id in only]
-    except KeyError as exc:
-        raise BackportError(exc.args[0]) from None
 
 
 def _trigger_source(packages: tuple[str, ...], config: dict[str, Any]) -> str:

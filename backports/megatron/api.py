@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from types import ModuleType
 
 from . import patcher, post_import
-from .catalog import CATALOG, BackportSpec, by_id
+from .catalog import BackportSpec, select
 from .errors import BackportError, BackportWarning
 from .probe import ProbeResult, probe, probe_without_import
 from .ranks import is_rank_zero
@@ -33,16 +33,6 @@ _last: dict[str, Report] = {}  # id -> what apply last decided in this process
 class _StrictFailure(BackportError):
     # Raised from a post-import hook in strict mode: the import itself must fail.
     fatal_on_import = True
-
-
-def _select(only: str | Iterable[str] | None) -> list[BackportSpec]:
-    if only is None:
-        return list(CATALOG)
-    ids = [only] if isinstance(only, str) else list(only)
-    try:
-        return [by_id(backport_id) for backport_id in dict.fromkeys(ids)]
-    except KeyError as exc:
-        raise BackportError(exc.args[0]) from None
 
 
 def disabled_reason(spec: BackportSpec) -> str | None:
@@ -145,7 +135,7 @@ def _apply_one(spec: BackportSpec, strict: bool) -> Report:
 def apply(only: str | Iterable[str] | None = None, *, strict: bool = False) -> list[Report]:
     """Probe each backport and install the ones that are needed (idempotent, thread-safe)."""
     with patcher.lock():
-        reports = [_apply_one(spec, strict) for spec in _select(only)]
+        reports = [_apply_one(spec, strict) for spec in select(only)]
     if strict:
         bad = [r for r in reports if r.verdict is Verdict.INCOMPATIBLE]
         if bad:
@@ -156,7 +146,7 @@ def apply(only: str | Iterable[str] | None = None, *, strict: bool = False) -> l
 def status(only: str | Iterable[str] | None = None) -> list[Report]:
     """Probe each backport and say what ``apply`` would do; changes nothing."""
     reports = []
-    for spec in _select(only):
+    for spec in select(only):
         reason = disabled_reason(spec)
         if reason is not None:
             reports.append(Report(spec.id, Verdict.DISABLED, Action.WOULD_SKIP, reason))
@@ -176,7 +166,7 @@ def revert(only: str | Iterable[str] | None = None) -> list[Report]:
     """Uninstall backports and drop their pending import hooks (idempotent)."""
     reports = []
     with patcher.lock():
-        for spec in _select(only):
+        for spec in select(only):
             pending = is_deferred(spec)
             post_import.unregister(_hook_key(spec))
             removed = patcher.uninstall(spec.id)

@@ -1,9 +1,12 @@
 """Every backport this package carries, one module per upstream pull request."""
 
+from collections.abc import Iterable
+
+from ..errors import BackportError
 from .megatron_lm_7617 import SPEC as MEGATRON_LM_7617
 from .spec import BackportSpec, SniffResult, Target, VendoredRef
 
-__all__ = ["CATALOG", "BackportSpec", "SniffResult", "Target", "VendoredRef", "by_id"]
+__all__ = ["CATALOG", "BackportSpec", "SniffResult", "Target", "VendoredRef", "by_id", "select"]
 
 CATALOG: tuple[BackportSpec, ...] = (MEGATRON_LM_7617,)
 
@@ -15,3 +18,17 @@ def by_id(backport_id: str) -> BackportSpec:
             return spec
     known = ", ".join(spec.id for spec in CATALOG)
     raise KeyError(f"unknown backport {backport_id!r}; known: {known}")
+
+
+def select(only: str | Iterable[str] | None) -> list[BackportSpec]:
+    """The entries named by ``only`` (an id or ids; None: all), each once, in the order given.
+
+    An unknown id is the caller's mistake, so it raises ``BackportError`` naming the known ids.
+    """
+    if only is None:
+        return list(CATALOG)
+    ids = [only] if isinstance(only, str) else list(only)
+    try:
+        return [by_id(backport_id) for backport_id in dict.fromkeys(ids)]
+    except KeyError as exc:
+        raise BackportError(exc.args[0]) from None
