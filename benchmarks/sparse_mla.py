@@ -186,9 +186,16 @@ class Inputs:
         self.grad_p = self.grad.permute(1, 0, 2, 3).contiguous()
         self.qp.requires_grad_(True)
         self.kp.requires_grad_(True)
+        # The same, with the batch as the kernel's key groups ([1, s, b * h, 576] and so on):
+        # the kernel the backport calls at batch > 1, alone.
+        self.qg = F.pad(self.q.detach(), (0, 64)).view(1, s, b * HEADS, KERNEL_WIDTH)
+        self.kg = F.pad(self.k.detach(), (0, 64)).view(1, s, b, KERNEL_WIDTH)
+        self.ig = self.ip[:, :, 0].transpose(0, 1).contiguous().unsqueeze(0)
+        self.qg.requires_grad_(True)
+        self.kg.requires_grad_(True)
 
     def zero_grads(self) -> None:
-        for t in (self.q, self.k, self.qp, self.kp):
+        for t in (self.q, self.k, self.qp, self.kp, self.qg, self.kg):
             t.grad = None
 
     def caller_bytes(self) -> int:
@@ -207,6 +214,9 @@ def make_variants(x: Inputs, tilelang_dsa: Any, extras: dict[str, Any]) -> dict[
     def kernel() -> Any:
         return sparse_mla.apply(x.qp, x.kp, x.ip, SCALE)[0]
 
+    def kernel_groups() -> Any:  # its output is the caller's [s, b, h, v] as it stands
+        return sparse_mla.apply(x.qg, x.kg, x.ig, SCALE)[0].view(x.s, x.b, HEADS, V)
+
     def naive() -> Any:
         qp = F.pad(x.q, (0, 64)).permute(1, 0, 2, 3).contiguous()
         kp = F.pad(x.k, (0, 64)).permute(1, 0, 2, 3).contiguous()
@@ -219,6 +229,8 @@ def make_variants(x: Inputs, tilelang_dsa: Any, extras: dict[str, Any]) -> dict[
         "kernel": (kernel, x.grad_p),
         "naive": (naive, x.grad),
     }
+    if x.b > 1:
+        variants["kernel_groups"] = (kernel_groups, x.grad)
     for name, module in extras.items():
         variants[name] = (backport(module.fused_sparse_mla_absorbed), x.grad)
     return variants
@@ -307,13 +319,17 @@ def bench_dense(x: Inputs, dsa: Any, reps: int, skip: set[str]) -> dict[str, Any
 # -- adapter pieces, timed alone -----------------------------------------------------------
 
 
-def bench_pieces(x: Inputs, vendored: Any, extra: Any | None, reps: int) -> dict[str, Any]:
+def bench_pieces(
+    x: Inputs, vendored: Any, extra: tuple[str, Any] | None, reps: int
+) -> dict[str, Any]:
     """Each step an adapter adds, alone: what the fused-call ratios are made of."""
     timer = Timer()
-    q, out_k = x.q.detach(), None
-    with torch.no_grad():
-        out_k = torch.empty(x.b, x.s, HEADS, V, device="cuda", dtype=torch.bfloat16).normal_()
-    dq_k = torch.empty(x.b, x.s, HEADS, KERNEL_WIDTH, device="cuda", dtype=torch.bfloat16).normal_()
+    q = x.q.detach()
+    # What the kernel returns to the backport: [1, s, b * h, v] and [1, s, b * h, 576].
+    out_k = torch.empty(1, x.s, x.b * HEADS, V, device="cuda", dtype=torch.bfloat16).normal_()
+    dq_k = torch.empty(x.s, x.b, HEADS, KERNEL_WIDTH, device="cuda", dtype=torch.bfloat16)
+    dq_k.normal_()
+    out_bshv = out_k.view(x.b, x.s, HEADS, V)  # what a [b, s, ...] kernel call returns
     idx64 = x.idx.long()
 
     def idx_tensor_ops(src: torch.Tensor) -> Callable[[], Any]:
@@ -338,17 +354,17 @@ def bench_pieces(x: Inputs, vendored: Any, extra: Any | None, reps: int) -> dict
 
     def dq_words() -> Any:
         g = torch.empty_like(q)
-        vendored._copy(g.permute(1, 0, 2, 3), dq_k[:, :, :, :WIDTH])
+        vendored._copy(g, dq_k[:, :, :, :WIDTH])
         return g
 
     pieces: dict[str, tuple[Callable[[], Any], int]] = {
         "copy_q_padded(reference)": (lambda: x.qp.detach().clone(), 2 * x.qp.numel() * 2),
         "q_layout/backport": (
-            lambda: vendored._ToKernelLayout.apply(q, HEADS, KERNEL_WIDTH),
+            lambda: vendored._to_kernel_layout(q, HEADS, KERNEL_WIDTH),
             (q.numel() + x.qp.numel()) * 2,
         ),
         "q_layout/backport_int64_words": (
-            int64_words(lambda: vendored._ToKernelLayout.apply(q, HEADS, KERNEL_WIDTH)),
+            int64_words(lambda: vendored._to_kernel_layout(q, HEADS, KERNEL_WIDTH)),
             (q.numel() + x.qp.numel()) * 2,
         ),
         "q_layout/naive": (
@@ -380,29 +396,38 @@ def bench_pieces(x: Inputs, vendored: Any, extra: Any | None, reps: int) -> dict
             ),
             x.idx.numel() * 4 + x.ip.numel() * 4,
         ),
-        "output_layout/backport": (
-            lambda: vendored._from_kernel_layout(out_k, HEADS),
+        "output_layout/backport": (  # a view at any batch: nothing moves
+            lambda: vendored._from_kernel_layout(out_k, x.s, x.b, HEADS),
             2 * out_k.numel() * 2,
         ),
         "output_layout/naive": (
-            lambda: out_k.permute(1, 0, 2, 3).contiguous(),
+            lambda: out_bshv.permute(1, 0, 2, 3).contiguous(),
             2 * out_k.numel() * 2,
         ),
         "dq_to_caller/backport": (dq_words, 2 * q.numel() * 2),
         "dq_to_caller/bf16_clone": (
-            lambda: dq_k[:, :, :, :WIDTH].permute(1, 0, 2, 3).contiguous(),
+            lambda: dq_k[:, :, :, :WIDTH].contiguous(),
             2 * q.numel() * 2,
         ),
     }
-    if extra is not None:
-        pieces["q_layout/backport_v0"] = (
-            lambda: extra._ToKernelLayout.apply(q, HEADS, KERNEL_WIDTH),
-            (q.numel() + x.qp.numel()) * 2,
-        )
-        pieces["indices_int32/backport_v0"] = (
-            lambda: extra._kernel_indices(x.idx, x.s),
+    if extra is not None:  # an earlier adapter's steps, where it has them
+        name, module = extra
+        layout = getattr(module, "_ToKernelLayout", None)
+        if layout is not None:
+            pieces[f"q_layout/{name}"] = (
+                lambda: layout.apply(q, HEADS, KERNEL_WIDTH),
+                (q.numel() + x.qp.numel()) * 2,
+            )
+        pieces[f"indices_int32/{name}"] = (
+            lambda: module._kernel_indices(x.idx, x.s),
             x.idx.numel() * 4 + x.ip.numel() * 4,
         )
+        out_layout = getattr(module, "_from_kernel_layout", None)
+        if out_layout is not None and layout is not None:  # the [b, s, ...] adapter's
+            pieces[f"output_layout/{name}"] = (
+                lambda: out_layout(out_bshv, HEADS),
+                2 * out_k.numel() * 2,
+            )
     results: dict[str, Any] = {}
     with torch.no_grad():
         for name, (fn, nbytes) in pieces.items():
@@ -459,6 +484,11 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "config": label(section["batch"], section["seq"]),
                 "fwd_backport_over_kernel": ratio(rows, "backport", "kernel", "fwd"),
                 "fwd_bwd_backport_over_kernel": ratio(rows, "backport", "kernel", "fwd_bwd"),
+                # batch > 1: against the very kernel call the backport makes (key groups)
+                "fwd_backport_over_kernel_groups": ratio(rows, "backport", "kernel_groups", "fwd"),
+                "fwd_bwd_backport_over_kernel_groups": ratio(
+                    rows, "backport", "kernel_groups", "fwd_bwd"
+                ),
                 "fwd_backport_over_naive": ratio(rows, "backport", "naive", "fwd"),
                 "fwd_bwd_backport_over_naive": ratio(rows, "backport", "naive", "fwd_bwd"),
                 "fwd_bwd_peak_backport_bytes": rows["backport"]["fwd_bwd_peak_bytes"],
@@ -655,11 +685,13 @@ def main() -> None:
         name: load_extra(name, path)
         for name, path in (spec.split("=", 1) for spec in args.extra_adapter)
     }
-    extra = extras.get("backport_v0")  # its steps are timed alone beside the vendored ones
+    # The first extra adapter's steps are timed alone beside the vendored ones.
+    extra = next(iter(extras.items()), None)
+    configs = [tuple(int(v) for v in c.split("x")) for c in args.configs.split(",") if c]
 
     from tests.gpu.prewarm import prewarm
 
-    log("prewarm:", prewarm([HEADS], [TOPK], SCALE))
+    log("prewarm:", prewarm([HEADS], [TOPK], SCALE, batches=sorted({b for b, _ in configs})))
 
     report: dict[str, Any] = {
         "environment": environment(),
@@ -683,7 +715,6 @@ def main() -> None:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))
 
-    configs = [tuple(int(v) for v in c.split("x")) for c in args.configs.split(",") if c]
     pieces_at = {tuple(int(v) for v in c.split("x")) for c in args.pieces.split(",") if c}
     dense_skip: set[str] = set()
     for b, s in configs:

@@ -1,10 +1,11 @@
 """A CPU stand-in for TileLang's ``SparseMLA``: the kernel's contract, honest FP32 math.
 
-It takes what the real kernel takes (``[b, s, heads, 576]`` bf16 q, ``[b, sk, 1, 576]`` kv,
-``[b, s, 1, topk]`` int32 indices with top-k a multiple of 64, at least 16 heads), treats
-exactly -1 as an empty slot, and refuses anything the real kernel would mis-read (any
-other negative index reads key 0 there, one >= sk reads out of bounds). Every call is
-recorded, with copies of its inputs, so tests can see what the kernel received.
+It takes what the real kernel takes (``[b, s, heads, 576]`` bf16 q, ``[b, sk, g, 576]`` kv,
+``[b, s, g, topk]`` int32 indices with top-k a multiple of 64; ``g`` key groups of
+``heads // g`` query heads each, a power of two and at least 16), treats exactly -1 as an
+empty slot, and refuses anything the real kernel would mis-read (any other negative index
+reads key 0 there, one >= sk reads out of bounds). Every call is recorded, with copies of
+its inputs, so tests can see what the kernel received.
 """
 
 from dataclasses import dataclass
@@ -22,6 +23,19 @@ class KernelCall:
     indices: torch.Tensor
     scale: float
 
+    def per_batch(self) -> "KernelCall":
+        """The call in the ``[b, s, heads, 576]`` / ``[b, sk, 1, 576]`` / ``[b, s, 1, topk]``
+        layout, whether the batch came on the batch axis or folded into the key groups
+        (``[1, s, b * heads, 576]``, ``[1, sk, b, 576]``, ``[1, s, b, topk]``)."""
+        if self.kv.size(2) == 1:
+            return self
+        _, s, heads, width = self.q.shape
+        b = self.kv.size(2)
+        q = self.q.view(s, b, heads // b, width).permute(1, 0, 2, 3)
+        kv = self.kv[0].permute(1, 0, 2).unsqueeze(2)
+        indices = self.indices[0].permute(1, 0, 2).unsqueeze(2)
+        return KernelCall(q, kv, indices, self.scale)
+
 
 class FakeSparseMLA:
     def __init__(self) -> None:
@@ -32,11 +46,13 @@ class FakeSparseMLA:
         assert indices.dtype == torch.int32, indices.dtype
         assert q.is_contiguous() and kv.is_contiguous() and indices.is_contiguous()
         b, s, heads, width = q.shape
+        groups = kv.size(2)
         assert width == KERNEL_WIDTH and kv.size(-1) == KERNEL_WIDTH, (q.shape, kv.shape)
-        assert kv.shape[0] == b and kv.size(2) == 1, kv.shape
-        assert indices.shape[:3] == (b, s, 1), indices.shape
+        assert kv.shape[0] == b and indices.shape[:3] == (b, s, groups), (kv.shape, indices.shape)
         assert indices.size(-1) % 64 == 0, indices.shape
-        assert heads >= 16 and heads & (heads - 1) == 0, heads
+        assert heads % groups == 0, (heads, groups)
+        per_group = heads // groups
+        assert per_group >= 16 and per_group & (per_group - 1) == 0, (heads, groups)
         sk = kv.size(1)
         bad = (indices < -1) | (indices >= sk)
         assert not bool(bad.any()), "kernel would read a wrong or out-of-bounds key"
@@ -44,17 +60,21 @@ class FakeSparseMLA:
             KernelCall(q.detach().clone(), kv.detach().clone(), indices.clone(), scale)
         )
 
-        idx = indices[:, :, 0].long()  # [b, s, topk]
+        idx = indices.long()  # [b, s, g, topk]
         valid = idx != -1
         safe = idx.clamp(min=0)
-        kf = kv[:, :, 0].float()  # [b, sk, 576]
-        batch = torch.arange(b).view(b, 1, 1)
-        k_sel = kf[batch, safe]  # [b, s, topk, 576]
-        logits = torch.einsum("bshd,bstd->bsht", q.float(), k_sel) * scale
-        logits = logits.masked_fill(~valid.unsqueeze(2), float("-inf"))
-        row_valid = valid.any(-1).view(b, s, 1, 1)
+        kf = kv.float()  # [b, sk, g, 576]
+        batch = torch.arange(b).view(b, 1, 1, 1)
+        group = torch.arange(groups).view(1, 1, groups, 1)
+        k_sel = kf[batch, safe, group]  # [b, s, g, topk, 576]
+        qg = q.float().view(b, s, groups, per_group, width)
+        logits = torch.einsum("bsghd,bsgtd->bsght", qg, k_sel) * scale
+        logits = logits.masked_fill(~valid.unsqueeze(3), float("-inf"))
+        row_valid = valid.any(-1).view(b, s, groups, 1, 1)
         lse = torch.logsumexp(logits.masked_fill(~row_valid, 0.0), dim=-1)
         probs = torch.softmax(logits.masked_fill(~row_valid, 0.0), dim=-1)
-        probs = probs.masked_fill(~valid.unsqueeze(2), 0.0) * row_valid
-        out = torch.einsum("bsht,bstv->bshv", probs, k_sel[..., :V_CHANNELS])
-        return out.to(torch.bfloat16), lse.masked_fill(~row_valid[..., 0], 0.0)
+        probs = probs.masked_fill(~valid.unsqueeze(3), 0.0) * row_valid
+        out = torch.einsum("bsght,bsgtv->bsghv", probs, k_sel[..., :V_CHANNELS])
+        lse = lse.masked_fill(~row_valid[..., 0], 0.0)
+        out, lse = out.reshape(b, s, heads, V_CHANNELS), lse.reshape(b, s, heads)
+        return out.to(torch.bfloat16), lse

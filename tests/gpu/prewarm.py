@@ -1,9 +1,10 @@
 """Compile the TileLang SparseMLA kernels a run will need, in parallel, before first use.
 
 TileLang compiles each kernel on its first call (about ten seconds apiece), keyed by the
-kernel's head count, top-k width and softmax scale, one at a time under megatron-core's
-cache lock. The GPU tests need 22 of them. Here each kernel is elaborated in this thread
-and then compiled on a thread pool (lowering releases the GIL, nvcc is a subprocess);
+kernel's head count, key groups, top-k width and softmax scale, one at a time under
+megatron-core's cache lock. The GPU tests need 42 of them (the backport runs batch 2 as
+two key groups). Here each kernel is elaborated in this thread and then compiled on a
+thread pool (lowering releases the GIL, nvcc is a subprocess);
 the results land in TileLang's in-memory and on-disk kernel cache, which megatron-core's
 own first calls then hit. Failures are reported, never raised: the lazy path still works.
 """
@@ -18,7 +19,9 @@ from typing import Any
 DIM, TAIL = 512, 64  # the kernels' latent and rope channels (576 in all)
 
 
-def _plans(heads: Iterable[int], topks: Iterable[int], scale: float) -> list[tuple[Any, dict]]:
+def _plans(
+    heads: Iterable[int], topks: Iterable[int], batches: Iterable[int], scale: float
+) -> list[tuple[Any, dict]]:
     from megatron.core.transformer.experimental_attention_variant.ops import (
         tilelang_sparse_mla_bwd as bwd,
     )
@@ -26,10 +29,11 @@ def _plans(heads: Iterable[int], topks: Iterable[int], scale: float) -> list[tup
         tilelang_sparse_mla_fwd as fwd,
     )
 
-    kernel_heads = sorted({max(16, h) for h in heads})
+    # The backport folds batch b into b key groups: b * heads query heads, kv_group b.
+    groups = sorted({(b * max(16, h), b) for h in heads for b in batches})
     padded_topks = sorted({-(-t // 64) * 64 for t in topks})
     plans: list[tuple[Any, dict]] = []
-    for h in kernel_heads:
+    for h, g in groups:
         for t in padded_topks:
             # Exactly the arguments _get_sparse_mla_fwd_kernel / _get_bwd_kernel pass.
             plans.append(
@@ -40,7 +44,7 @@ def _plans(heads: Iterable[int], topks: Iterable[int], scale: float) -> list[tup
                         dim=DIM,
                         tail_dim=TAIL,
                         topk=t,
-                        kv_group=1,
+                        kv_group=g,
                         sm_scale=scale,
                         block_I=64,
                         num_stages=2,
@@ -52,24 +56,28 @@ def _plans(heads: Iterable[int], topks: Iterable[int], scale: float) -> list[tup
                 (
                     bwd.bwd,
                     dict(
-                        H=h, D=DIM, D_tail=TAIL, topk=t, kv_group=1, sm_scale=scale, max_block_h=32
+                        H=h, D=DIM, D_tail=TAIL, topk=t, kv_group=g, sm_scale=scale, max_block_h=32
                     ),
                 )
             )
-        plans.append((bwd.preprocess, dict(H=h, D=DIM)))
-    plans.append((bwd.postprocess, dict(D=DIM, D_tail=TAIL, kv_group=1)))
+    plans += [(bwd.preprocess, dict(H=h, D=DIM)) for h in sorted({h for h, _ in groups})]
+    plans += [(bwd.postprocess, dict(D=DIM, D_tail=TAIL, kv_group=g)) for g in sorted(set(batches))]
     return plans
 
 
 def prewarm(
-    heads: Iterable[int], topks: Iterable[int], scale: float, workers: int = 16
+    heads: Iterable[int],
+    topks: Iterable[int],
+    scale: float,
+    batches: Iterable[int] = (1,),
+    workers: int = 16,
 ) -> dict[str, Any]:
-    """Compile fwd, bwd, preprocess and postprocess kernels for every (heads, top-k)."""
+    """Compile fwd, bwd, preprocess and postprocess kernels for every (heads, top-k, batch)."""
     started = time.perf_counter()
     try:
         import tilelang  # tilelang.jit is the decorator; tilelang.compile the compiler
 
-        plans = _plans(heads, topks, scale)
+        plans = _plans(heads, topks, batches, scale)
         funcs = [(impl, impl.get_tir(**kwargs)) for impl, kwargs in plans]
     except Exception as exc:  # report, let the lazy path compile
         return {"ok": False, "error": repr(exc), "seconds": time.perf_counter() - started}

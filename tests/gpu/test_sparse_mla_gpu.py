@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from backports.megatron import Action, apply
+from tests.fake_kernel import KernelCall
 from tests.gpu.conftest import SCALE
 from tests.reference import sparse_mla_reference
 
@@ -133,6 +134,10 @@ def test_matches_fp32_reference(installed, spy, error_record, width, topk, heads
     # What the real kernel was given: zero channels past the caller's width, zero heads
     # past the caller's, -1 past the caller's top-k, the caller's scale.
     ((q_k, kv_k, idx_k, scale_k),) = spy.calls
+    # One call for the whole batch, batch i as key group i; read back per batch.
+    assert kv_k.shape[:3] == (1, sk, batch) and idx_k.shape[:3] == (1, sq, batch)
+    call = KernelCall(q_k, kv_k, idx_k, scale_k).per_batch()
+    q_k, kv_k, idx_k = call.q, call.kv, call.indices
     kernel_heads, padded = max(heads, 16), -(-topk // 64) * 64
     assert q_k.shape == (batch, sq, kernel_heads, 576) and kv_k.shape == (batch, sk, 1, 576)
     assert idx_k.shape == (batch, sq, 1, padded) and idx_k.dtype == torch.int32
@@ -204,13 +209,15 @@ def test_out_of_range_indices_are_empty_slots(installed, spy, error_record, dtyp
     assert errors["out"] < OUT_TOL and errors["dq"] < GRAD_TOL and errors["dk"] < GRAD_TOL
 
 
-def test_keys_past_the_end_are_never_read(installed, spy):
-    """Width 576, batch 1, sk a multiple of 256: the kernel reads the caller's key in place,
-    so NaN rows right past key's end would poison any output that read them."""
+@pytest.mark.parametrize("batch", [1, 2])
+def test_keys_past_the_end_are_never_read(installed, spy, batch):
+    """Width 576, sk a multiple of 256: the kernel reads the caller's key in place (batch
+    folded into the key groups), so NaN rows right past key's end would poison any output
+    that read them."""
     sq, sk, heads, topk = 300, 512, 16, 127
-    query, _, indices = _inputs(sq, sk, 1, heads, 576, topk, seed=13)
-    storage = torch.full((2 * sk, 1, 1, 576), float("nan"), device="cuda").bfloat16()
-    storage[:sk] = torch.randn(sk, 1, 1, 576, device="cuda").bfloat16()
+    query, _, indices = _inputs(sq, sk, batch, heads, 576, topk, seed=13)
+    storage = torch.full((2 * sk, batch, 1, 576), float("nan"), device="cuda").bfloat16()
+    storage[:sk] = torch.randn(sk, batch, 1, 576, device="cuda").bfloat16()
     key = storage[:sk]
     dirty = indices.clone()
     dirty[:, :, ::3] = torch.randint(sk, 2 * sk, dirty[:, :, ::3].shape, device="cuda")
@@ -218,6 +225,7 @@ def test_keys_past_the_end_are_never_read(installed, spy):
     out = installed.fused_sparse_mla_absorbed(query, key, dirty, SCALE, V)
 
     assert spy.calls[0][1].data_ptr() == key.data_ptr(), "kernel did not read key in place"
+    assert spy.calls[0][0].data_ptr() == query.data_ptr(), "kernel did not read q in place"
     assert torch.isfinite(out).all()
     clean = dirty.masked_fill(dirty >= sk, -1)
     assert torch.equal(out, installed.fused_sparse_mla_absorbed(query, key, clean, SCALE, V))
@@ -246,7 +254,8 @@ def test_fused_index_pass_matches_tensor_ops(installed):
                 assert torch.equal(fused.cpu(), plain), (dtype, sk, topk)
                 wide = indices.long()  # compared in int64: sk need not fit the indices' dtype
                 expect = torch.where((wide >= 0) & (wide < sk), wide, -1)
-                assert torch.equal(fused[:, :, 0, :topk].long(), expect)
+                assert fused.shape == (1, 257, 2, -(-topk // 64) * 64)  # [1, sq, b, topk']
+                assert torch.equal(fused[0, :, :, :topk].transpose(0, 1).long(), expect)
                 assert (fused[..., topk:] == -1).all()
 
 

@@ -65,25 +65,33 @@ def _zero(t):
     (t if words is None else words[0]).zero_()
 
 
-class _ToKernelLayout(torch.autograd.Function):
-    """``[s, b, h, d]`` -> zero-padded ``[b, s, heads, width]`` in a single copy.
+# The kernel's layout is [batch, s, heads, width] with `kv_group` key heads sharing
+# `heads // kv_group` query heads each. The caller's [s, b, h, d] is, in memory, already
+# [1, s, b * h, d]: with the batch folded into the key-group axis (group i = batch i's one
+# key head) the kernel reads the caller's rows where they lie and writes its output in the
+# caller's layout, so no tensor is ever transposed, at any batch size. Each (row, group)
+# is the same work the kernel would do for (batch, row): the same blocks, the same result.
 
-    ``F.pad`` followed by ``permute().contiguous()`` writes the tensor twice, and autograd's
-    slice backward zero-fills and copies the whole padded gradient; here the forward writes
-    each element once and the backward is one slice-and-permute copy into the caller's
-    layout, contiguous, so a leaf's ``.grad`` takes it without another copy.
+
+class _Padded(torch.autograd.Function):
+    """``[s, b, h, d]`` -> zero-padded ``[s, b, heads, width]`` in a single copy.
+
+    ``F.pad`` of channels and heads writes the tensor once per pad, and autograd's slice
+    backward zero-fills and copies the whole padded gradient; here the forward writes each
+    element once and the backward is one slice copy into the caller's layout, contiguous,
+    so a leaf's ``.grad`` takes it without another copy.
     """
 
     @staticmethod
     def forward(ctx, x, heads, width):
         s, b, h, d = x.shape
         ctx.real_shape = (h, d)
-        buf = x.new_empty((b, s, heads, width))
+        buf = x.new_empty((s, b, heads, width))
         if heads > h:
             _zero(buf[:, :, h:])
         if width > d:
             _zero(buf[:, :, :h, d:])
-        _copy(buf[:, :, :h, :d], x.permute(1, 0, 2, 3))
+        _copy(buf[:, :, :h, :d], x)
         return buf
 
     @staticmethod
@@ -91,55 +99,47 @@ class _ToKernelLayout(torch.autograd.Function):
         if not ctx.needs_input_grad[0]:
             return None, None, None
         h, d = ctx.real_shape
-        b, s = grad.shape[:2]
-        grad_x = grad.new_empty((s, b, h, d))
-        _copy(grad_x.permute(1, 0, 2, 3), grad[:, :, :h, :d])
+        grad_x = grad.new_empty((*grad.shape[:2], h, d))
+        _copy(grad_x, grad[:, :, :h, :d])
         return grad_x, None, None
 
 
 def _to_kernel_layout(x, heads, width):
-    view = x.permute(1, 0, 2, 3)
-    if x.size(2) == heads and x.size(3) == width and view.is_contiguous():
-        # Batch 1 at the kernel's shape: the kernel reads the caller's tensor in place.
-        return view
-    return _ToKernelLayout.apply(x, heads, width)
+    """``[s, b, h, d]`` -> the kernel's ``[1, s, b * heads, width]``: a view where it can be."""
+    s, b = x.shape[:2]
+    if not (x.size(2) == heads and x.size(3) == width and x.is_contiguous()):
+        x = _Padded.apply(x, heads, width)
+    return x.view(1, s, b * heads, width)
 
 
-class _FromKernelLayout(torch.autograd.Function):
-    """Kernel output ``[b, s, heads, v]`` -> the caller's ``[s, b, h, v]``, one copy each way.
+class _DropHeads(torch.autograd.Function):
+    """``[s, b, heads, v]`` -> the caller's ``[s, b, h, v]``: one copy each way.
 
-    Slicing padded heads off and ``permute().contiguous()`` would copy the output, and in
-    backward zero-fill and copy the gradient before the kernel copies it contiguous again.
-    Without padded heads the backward is a view the kernel makes contiguous.
+    Slicing the padded heads off and calling ``contiguous()`` would copy the output, and in
+    backward zero-fill a full gradient and copy into it before the kernel copies it again.
     """
 
     @staticmethod
     def forward(ctx, out, h):
-        b, s, heads, v = out.shape
+        s, b, heads, v = out.shape
         ctx.kernel_heads = heads
         result = out.new_empty((s, b, h, v))
-        _copy(result.permute(1, 0, 2, 3), out[:, :, :h])
+        _copy(result, out[:, :, :h])
         return result
 
     @staticmethod
     def backward(ctx, grad):
         s, b, h, v = grad.shape
-        if ctx.kernel_heads == h:
-            # SparseMLA makes its gradient contiguous itself and drops that copy early; one
-            # made here would stay alive through the whole kernel backward.
-            return grad.permute(1, 0, 2, 3), None
-        grad_out = grad.new_empty((b, s, ctx.kernel_heads, v))
-        if ctx.kernel_heads > h:
-            _zero(grad_out[:, :, h:])
-        _copy(grad_out[:, :, :h], grad.permute(1, 0, 2, 3))
+        grad_out = grad.new_empty((s, b, ctx.kernel_heads, v))
+        _zero(grad_out[:, :, h:])
+        _copy(grad_out[:, :, :h], grad)
         return grad_out, None
 
 
-def _from_kernel_layout(out, heads):
-    view = out.permute(1, 0, 2, 3)
-    if out.size(2) == heads and view.is_contiguous():
-        return view  # batch 1, no padded heads: already the caller's layout
-    return _FromKernelLayout.apply(out, heads)
+def _from_kernel_layout(out, sq, batch, heads):
+    """The kernel's ``[1, s, b * kernel_heads, v]`` -> the caller's ``[s, b, h, v]``."""
+    out = out.reshape(sq, batch, -1, out.size(-1))  # a view: the kernel's output is dense
+    return out if out.size(2) == heads else _DropHeads.apply(out, heads)
 
 
 _INDEX_BLOCK = 1024
@@ -156,10 +156,10 @@ def _build_index_kernel():
 
     @triton.jit
     def index_kernel(
-        src, dst, seq, topk, padded, num_keys, stride_b, stride_s, stride_k, BLOCK: tl.constexpr
+        src, dst, batch, topk, padded, num_keys, stride_b, stride_s, stride_k, BLOCK: tl.constexpr
     ):
-        row = tl.program_id(0).to(tl.int64)
-        src_row = src + (row // seq) * stride_b + (row % seq) * stride_s
+        row = tl.program_id(0).to(tl.int64)  # destination row: query row * batch + batch
+        src_row = src + (row % batch) * stride_b + (row // batch) * stride_s
         dst_row = dst + row * padded
         for start in range(0, padded, BLOCK):
             cols = start + tl.arange(0, BLOCK)
@@ -183,7 +183,7 @@ def _kernel_indices_fused(topk_indices, indices, num_keys):
             _index_kernel[(b * sq,)](
                 topk_indices,
                 indices,
-                sq,
+                b,
                 topk,
                 indices.size(-1),
                 num_keys,
@@ -197,7 +197,7 @@ def _kernel_indices_fused(topk_indices, indices, num_keys):
 
 
 def _kernel_indices(topk_indices, num_keys):
-    """``[b, sq, topk]`` -> int32 ``[b, sq, 1, topk']``, topk' the next multiple of 64.
+    """``[b, sq, topk]`` -> int32 ``[1, sq, b, topk']``, topk' the next multiple of 64.
 
     The kernel treats only exactly -1 as an empty slot and checks no upper bound, so every
     index outside ``[0, num_keys)`` becomes -1 here, in the int32 copy the kernel needs
@@ -206,12 +206,13 @@ def _kernel_indices(topk_indices, num_keys):
     """
     b, sq, topk = topk_indices.shape
     padded = -(-topk // _TOPK_BLOCK) * _TOPK_BLOCK
-    indices = torch.empty((b, sq, 1, padded), dtype=torch.int32, device=topk_indices.device)
+    indices = torch.empty((1, sq, b, padded), dtype=torch.int32, device=topk_indices.device)
     if topk_indices.is_cuda and _kernel_indices_fused(topk_indices, indices, num_keys):
         return indices
     if padded > topk:
         indices[..., topk:].fill_(-1)
-    slots = indices[:, :, 0, :topk]
+    slots = indices[0, :, :, :topk]
+    topk_indices = topk_indices.transpose(0, 1)  # [sq, b, topk], the slots' order
     # Clamp in the caller's dtype before narrowing, so a huge int64 index cannot wrap
     # into a valid int32 one; every negative index is then -1 and every index past the
     # end is num_keys, which the last step clears. A bound past the dtype's range is no
@@ -260,15 +261,17 @@ def fused_sparse_mla_absorbed(
     if query_heads <= 0:
         return None
     kernel_heads = max(query_heads, _MIN_KERNEL_HEADS)
-    if not target._is_supported_sparse_mla_head_count(kernel_heads, kv_group=key.size(2)):
+    # One kernel call for the whole batch, batch i as key group i (see _to_kernel_layout).
+    sq, batch = query.shape[:2]
+    if not target._is_supported_sparse_mla_head_count(batch * kernel_heads, kv_group=batch):
         return None
 
     # NoPE: zero channels 512..575 add nothing to q.k, so the caller's softmax_scale is
     # passed on unchanged; the value is still key's first 512 channels.
-    query_bshd = _to_kernel_layout(query, kernel_heads, _KERNEL_WIDTH)
-    key_bshd = _to_kernel_layout(key, key.size(2), _KERNEL_WIDTH)
-    indices_bsgk = _kernel_indices(topk_indices, key.size(0))
-    out, _ = sparse_mla.apply(query_bshd, key_bshd, indices_bsgk, softmax_scale)
-    if out.ndim != 4 or out.size(2) != kernel_heads or out.size(-1) != v_channels:
+    query_k = _to_kernel_layout(query, kernel_heads, _KERNEL_WIDTH)
+    key_k = _to_kernel_layout(key, 1, _KERNEL_WIDTH)
+    indices_k = _kernel_indices(topk_indices, key.size(0))
+    out, _ = sparse_mla.apply(query_k, key_k, indices_k, softmax_scale)
+    if out.shape != (1, sq, batch * kernel_heads, v_channels):
         return None
-    return _from_kernel_layout(out, query_heads)
+    return _from_kernel_layout(out, sq, batch, query_heads)
