@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -332,15 +333,18 @@ def bench_pieces(
     out_bshv = out_k.view(x.b, x.s, HEADS, V)  # what a [b, s, ...] kernel call returns
     idx64 = x.idx.long()
 
-    def idx_tensor_ops(src: torch.Tensor) -> Callable[[], Any]:
-        def run() -> Any:
-            saved, vendored._index_kernel = vendored._index_kernel, False
+    def tensor_ops(fn: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:  # the vendored step with its fused Triton passes off
+            saved, vendored._fused = vendored._fused, False
             try:
-                return vendored._kernel_indices(src, x.s)
+                return fn()
             finally:
-                vendored._index_kernel = saved
+                vendored._fused = saved
 
         return run
+
+    def idx_tensor_ops(src: torch.Tensor) -> Callable[[], Any]:
+        return tensor_ops(lambda: vendored._kernel_indices(src, x.s))
 
     def int64_words(fn: Callable[[], Any]) -> Callable[[], Any]:
         def run() -> Any:
@@ -363,8 +367,12 @@ def bench_pieces(
             lambda: vendored._to_kernel_layout(q, HEADS, KERNEL_WIDTH),
             (q.numel() + x.qp.numel()) * 2,
         ),
-        "q_layout/backport_int64_words": (
-            int64_words(lambda: vendored._to_kernel_layout(q, HEADS, KERNEL_WIDTH)),
+        "q_layout/backport_tensor_ops": (
+            tensor_ops(lambda: vendored._to_kernel_layout(q, HEADS, KERNEL_WIDTH)),
+            (q.numel() + x.qp.numel()) * 2,
+        ),
+        "q_layout/backport_tensor_ops_int64_words": (
+            int64_words(tensor_ops(lambda: vendored._to_kernel_layout(q, HEADS, KERNEL_WIDTH))),
             (q.numel() + x.qp.numel()) * 2,
         ),
         "q_layout/naive": (
@@ -693,8 +701,11 @@ def main() -> None:
 
     log("prewarm:", prewarm([HEADS], [TOPK], SCALE, batches=sorted({b for b, _ in configs})))
 
+    env = environment()
+    # What was measured, whatever the checkout's HEAD says: the vendored file's hash.
+    env["vendored_sha256"] = hashlib.sha256(Path(vendored.__file__).read_bytes()).hexdigest()
     report: dict[str, Any] = {
-        "environment": environment(),
+        "environment": env,
         "args": vars(args),
         "sections": [],
         "pieces": {},
@@ -731,8 +742,8 @@ def main() -> None:
         }
         section["index_path"] = (
             "fused"
-            if vendored._index_kernel not in (None, False)
-            else f"tensor ops ({vendored._index_kernel_error!r})"
+            if vendored._fused not in (None, False)
+            else f"tensor ops ({vendored._fused_error!r})"
         )
         if not args.no_dense:
             section["variants"]["dense"] = bench_dense(

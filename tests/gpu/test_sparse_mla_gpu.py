@@ -249,7 +249,7 @@ def test_fused_index_pass_matches_tensor_ops(installed):
             raw[0, 0, :4] = torch.tensor([info.min, info.max, -1, 0], dtype=dtype)
             for indices in (raw, raw.transpose(0, 1).contiguous().transpose(0, 1)):
                 fused = vendored._kernel_indices(indices, sk)
-                assert vendored._index_kernel not in (None, False), vendored._index_kernel_error
+                assert vendored._fused not in (None, False), vendored._fused_error
                 plain = vendored._kernel_indices(indices.cpu(), sk)
                 assert torch.equal(fused.cpu(), plain), (dtype, sk, topk)
                 wide = indices.long()  # compared in int64: sk need not fit the indices' dtype
@@ -257,6 +257,26 @@ def test_fused_index_pass_matches_tensor_ops(installed):
                 assert fused.shape == (1, 257, 2, -(-topk // 64) * 64)  # [1, sq, b, topk']
                 assert torch.equal(fused[0, :, :, :topk].transpose(0, 1).long(), expect)
                 assert (fused[..., topk:] == -1).all()
+
+
+def test_fused_pad_pass_matches_plain_copy(installed):
+    """The one-pass CUDA q / k padding against the two-op path, bit for bit: the caller's
+    channels where they were, exact zeros after them, for strided callers too."""
+    vendored = _vendored(installed)
+    gen = torch.Generator(device="cuda").manual_seed(19)
+    for shape in [(300, 2, 16, 512), (257, 1, 32, 512), (301, 3, 1, 512)]:
+        x = torch.randn(shape, generator=gen, device="cuda").bfloat16()
+        strided = x.transpose(0, 1).contiguous().transpose(0, 1)
+        for src in (x, strided, x.new_full(shape, float("nan"))):
+            torch.cuda.empty_cache()
+            fused = vendored._Padded.apply(src, shape[2], 576)
+            assert vendored._fused not in (None, False), vendored._fused_error
+            plain = vendored._Padded.apply(src.cpu(), shape[2], 576)
+            assert fused.shape == plain.shape == (*shape[:3], 576)
+            assert not fused[..., 512:].any(), "padding channels not zero"
+            # Compared as bits: NaN channels must come through as the very same NaNs.
+            assert torch.equal(fused.cpu().view(torch.int16), plain.view(torch.int16))
+            assert torch.equal(fused[..., :512].view(torch.int16), src.view(torch.int16))
 
 
 # -- megatron's own entry point, at the GLM-5.3-Flash shape --------------------------------

@@ -87,6 +87,8 @@ class _Padded(torch.autograd.Function):
         s, b, h, d = x.shape
         ctx.real_shape = (h, d)
         buf = x.new_empty((s, b, heads, width))
+        if heads == h and x.is_cuda and _pad_fused(x, buf):
+            return buf
         if heads > h:
             _zero(buf[:, :, h:])
         if width > d:
@@ -142,12 +144,16 @@ def _from_kernel_layout(out, sq, batch, heads):
     return out if out.size(2) == heads else _DropHeads.apply(out, heads)
 
 
+# Fused passes on CUDA, in Triton (which torch's CUDA builds ship): each writes its whole
+# output in one launch where tensor ops take two or three, and the plain path stays as the
+# fallback everywhere else.
 _INDEX_BLOCK = 1024
-_index_kernel = None  # the Triton kernel once built; False where Triton is unavailable
-_index_kernel_error = None  # why the fused pass was turned off, if it was
+_PAD_ROWS = 4
+_fused = None  # name -> Triton kernel once built; False where Triton is unavailable
+_fused_error = None  # why the fused passes were turned off, if they were
 
 
-def _build_index_kernel():
+def _build_fused():
     try:
         import triton
         import triton.language as tl
@@ -167,33 +173,74 @@ def _build_index_kernel():
             keep = (x >= 0) & (x < num_keys)
             tl.store(dst_row + cols, tl.where(keep, x, -1).to(tl.int32), mask=cols < padded)
 
-    return index_kernel
+    @triton.jit
+    def pad_kernel(
+        src,
+        dst,
+        rows,
+        batch,
+        heads,
+        stride_s,
+        stride_b,
+        stride_h,
+        D: tl.constexpr,
+        TAIL: tl.constexpr,
+        ROWS: tl.constexpr,
+    ):
+        # Whole rows of D + TAIL channels: the copy and the zero tail in one write stream.
+        row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        keep = (row < rows)[:, None]
+        rest = row // heads
+        src_row = src + (rest // batch) * stride_s + (rest % batch) * stride_b
+        src_row += (row % heads) * stride_h
+        dst_row = dst + row * (D + TAIL)
+        cols = tl.arange(0, D)[None, :]
+        x = tl.load(src_row[:, None] + cols, mask=keep)
+        tl.store(dst_row[:, None] + cols, x, mask=keep)
+        tail = D + tl.arange(0, TAIL)[None, :]
+        zeros = tl.zeros((ROWS, TAIL), dtype=src.dtype.element_ty)
+        tl.store(dst_row[:, None] + tail, zeros, mask=keep)
+
+    return {"index": index_kernel, "pad": pad_kernel}
+
+
+def _launch(name, grid, device, *args, **meta):
+    """Run a fused pass; False (and the plain path from then on) where it cannot run."""
+    global _fused, _fused_error
+    if _fused is None:
+        _fused = _build_fused()
+    if _fused is False:
+        return False
+    try:
+        with torch.cuda.device(device):
+            _fused[name][grid](*args, **meta)
+    except Exception as exc:  # a Triton that cannot build here: the plain path is as right
+        _fused, _fused_error = False, exc
+        return False
+    return True
+
+
+def _is_power_of_two(n):
+    return n > 0 and n & (n - 1) == 0
+
+
+def _pad_fused(x, buf):
+    """``buf[..., :d] = x``, ``buf[..., d:] = 0`` in one pass (no padded heads)."""
+    d, width = x.size(-1), buf.size(-1)
+    if x.stride(-1) != 1 or not (_is_power_of_two(d) and _is_power_of_two(width - d)):
+        return False
+    s, b, h = x.shape[:3]
+    rows = s * b * h
+    grid = (-(-rows // _PAD_ROWS),)
+    args = (x, buf, rows, b, h, *x.stride()[:3])
+    return _launch("pad", grid, x.device, *args, D=d, TAIL=width - d, ROWS=_PAD_ROWS)
 
 
 def _kernel_indices_fused(topk_indices, indices, num_keys):
-    """The whole conversion in one pass over the indices (CUDA, where Triton is present)."""
-    global _index_kernel, _index_kernel_error
-    if _index_kernel is None:
-        _index_kernel = _build_index_kernel()
-    if _index_kernel is False:
-        return False
+    """The whole index conversion in one pass."""
     b, sq, topk = topk_indices.shape
-    try:
-        with torch.cuda.device(topk_indices.device):
-            _index_kernel[(b * sq,)](
-                topk_indices,
-                indices,
-                b,
-                topk,
-                indices.size(-1),
-                num_keys,
-                *topk_indices.stride(),
-                BLOCK=_INDEX_BLOCK,
-            )
-    except Exception as exc:  # a Triton that cannot build here: the plain path is as right
-        _index_kernel, _index_kernel_error = False, exc
-        return False
-    return True
+    args = (topk_indices, indices, b, topk, indices.size(-1), num_keys, *topk_indices.stride())
+    return _launch("index", (b * sq,), topk_indices.device, *args, BLOCK=_INDEX_BLOCK)
 
 
 def _kernel_indices(topk_indices, num_keys):
