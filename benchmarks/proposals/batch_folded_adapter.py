@@ -1,5 +1,9 @@
 """A proposal, measured by benchmarks/sparse_mla.py --extra-adapter, not the vendored code.
 
+Superseded: since ec97872 the vendored adapter folds the batch into the kernel's key
+groups instead (no transposes and no backward slowdown); this file and its figures below
+describe the adapter before that.
+
 For batch > 1 the vendored adapter transposes q in, and the output (and its gradient)
 out, because the kernel wants ``[b, s, h, 576]``. But the caller's ``[s, b]`` order is a
 valid kernel layout too: batch 1, sequence ``s * b``, query row ``s * b + j`` and key
