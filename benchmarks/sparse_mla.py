@@ -421,15 +421,18 @@ def bench_pieces(
     if extra is not None:  # an earlier adapter's steps, where it has them
         name, module = extra
         layout = getattr(module, "_ToKernelLayout", None)  # the [b, s, ...] adapter's
-        q_layout = module._to_kernel_layout if layout is None else layout.apply
-        pieces[f"q_layout/{name}"] = (
-            lambda: q_layout(q, HEADS, KERNEL_WIDTH),
-            (q.numel() + x.qp.numel()) * 2,
-        )
-        pieces[f"indices_int32/{name}"] = (
-            lambda: module._kernel_indices(x.idx, x.s),
-            x.idx.numel() * 4 + x.ip.numel() * 4,
-        )
+        q_layout = getattr(module, "_to_kernel_layout", None) if layout is None else layout.apply
+        if q_layout is not None:
+            pieces[f"q_layout/{name}"] = (
+                lambda: q_layout(q, HEADS, KERNEL_WIDTH),
+                (q.numel() + x.qp.numel()) * 2,
+            )
+        indices = getattr(module, "_kernel_indices", None)
+        if indices is not None:
+            pieces[f"indices_int32/{name}"] = (
+                lambda: indices(x.idx, x.s),
+                x.idx.numel() * 4 + x.ip.numel() * 4,
+            )
         out_layout = getattr(module, "_from_kernel_layout", None)
         if out_layout is not None and layout is not None:  # the [b, s, ...] adapter's
             pieces[f"output_layout/{name}"] = (

@@ -86,4 +86,4 @@ def fused_sparse_mla_absorbed(query, key, topk_indices, softmax_scale, v_channel
     k = base._to_kernel_layout(key.reshape(sk * b, 1, 1, -1), 1, 576)
     indices = _folded_indices(topk_indices, sk)
     out, _ = target.SparseMLA.apply(q, k, indices, softmax_scale)
-    return base._from_kernel_layout(out, heads).view(sq, b, heads, v_channels)
+    return base._from_kernel_layout(out, sq * b, 1, heads).view(sq, b, heads, v_channels)
