@@ -188,12 +188,15 @@ class Inputs:
         self.qp.requires_grad_(True)
         self.kp.requires_grad_(True)
         # The same, with the batch as the kernel's key groups ([1, s, b * h, 576] and so on):
-        # the kernel the backport calls at batch > 1, alone.
-        self.qg = F.pad(self.q.detach(), (0, 64)).view(1, s, b * HEADS, KERNEL_WIDTH)
-        self.kg = F.pad(self.k.detach(), (0, 64)).view(1, s, b, KERNEL_WIDTH)
-        self.ig = self.ip[:, :, 0].transpose(0, 1).contiguous().unsqueeze(0)
-        self.qg.requires_grad_(True)
-        self.kg.requires_grad_(True)
+        # the kernel the backport calls at batch > 1, alone. At batch 1 the two layouts are
+        # one, so no second padded copy is made.
+        self.qg, self.kg, self.ig = self.qp, self.kp, self.ip
+        if b > 1:
+            self.qg = F.pad(self.q.detach(), (0, 64)).view(1, s, b * HEADS, KERNEL_WIDTH)
+            self.kg = F.pad(self.k.detach(), (0, 64)).view(1, s, b, KERNEL_WIDTH)
+            self.ig = self.ip[:, :, 0].transpose(0, 1).contiguous().unsqueeze(0)
+            self.qg.requires_grad_(True)
+            self.kg.requires_grad_(True)
 
     def zero_grads(self) -> None:
         for t in (self.q, self.k, self.qp, self.kp, self.qg, self.kg):
