@@ -4,9 +4,9 @@ TileLang compiles each kernel on its first call (about ten seconds apiece), keye
 kernel's head count, key groups, top-k width and softmax scale, one at a time under
 megatron-core's cache lock. The GPU tests need 42 of them (the backport runs batch 2 as
 two key groups). Here each kernel is elaborated in this thread and then compiled on a
-thread pool (lowering releases the GIL, nvcc is a subprocess);
-the results land in TileLang's in-memory and on-disk kernel cache, which megatron-core's
-own first calls then hit. Failures are reported, never raised: the lazy path still works.
+thread pool (lowering releases the GIL, nvcc is a subprocess); the results land in
+TileLang's in-memory and on-disk kernel cache, which megatron-core's own first calls then
+hit. Failures are reported, never raised: the lazy path still works.
 """
 
 from __future__ import annotations
