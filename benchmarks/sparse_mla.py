@@ -197,9 +197,18 @@ class Inputs:
             self.ig = self.ip[:, :, 0].transpose(0, 1).contiguous().unsqueeze(0)
             self.qg.requires_grad_(True)
             self.kg.requires_grad_(True)
+        # The batch folded into the sequence instead ([1, s * b, h, 576], key k of batch j at
+        # row k * b + j): the same memory as the key-group copies, a kv_group-1 kernel.
+        self.qs, self.ks, self.is_ = self.qp, self.kp, self.ip
+        if b > 1:
+            self.qs = self.qg.detach().view(1, s * b, HEADS, KERNEL_WIDTH).requires_grad_(True)
+            self.ks = self.kg.detach().view(1, s * b, 1, KERNEL_WIDTH).requires_grad_(True)
+            batch_of_slot = torch.arange(b, device="cuda", dtype=torch.int32).view(1, 1, b, 1)
+            folded = torch.where(self.ig >= 0, self.ig * b + batch_of_slot, -1)
+            self.is_ = folded.view(1, s * b, 1, KERNEL_TOPK)
 
     def zero_grads(self) -> None:
-        for t in (self.q, self.k, self.qp, self.kp, self.qg, self.kg):
+        for t in (self.q, self.k, self.qp, self.kp, self.qg, self.kg, self.qs, self.ks):
             t.grad = None
 
     def caller_bytes(self) -> int:
@@ -221,6 +230,9 @@ def make_variants(x: Inputs, tilelang_dsa: Any, extras: dict[str, Any]) -> dict[
     def kernel_groups() -> Any:  # its output is the caller's [s, b, h, v] as it stands
         return sparse_mla.apply(x.qg, x.kg, x.ig, SCALE)[0].view(x.s, x.b, HEADS, V)
 
+    def kernel_seqfold() -> Any:  # its output is the caller's [s, b, h, v] as it stands
+        return sparse_mla.apply(x.qs, x.ks, x.is_, SCALE)[0].view(x.s, x.b, HEADS, V)
+
     def naive() -> Any:
         qp = F.pad(x.q, (0, 64)).permute(1, 0, 2, 3).contiguous()
         kp = F.pad(x.k, (0, 64)).permute(1, 0, 2, 3).contiguous()
@@ -235,6 +247,7 @@ def make_variants(x: Inputs, tilelang_dsa: Any, extras: dict[str, Any]) -> dict[
     }
     if x.b > 1:
         variants["kernel_groups"] = (kernel_groups, x.grad)
+        variants["kernel_seqfold"] = (kernel_seqfold, x.grad)
     for name, module in extras.items():
         variants[name] = (backport(module.fused_sparse_mla_absorbed), x.grad)
     return variants
