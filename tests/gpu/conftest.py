@@ -56,11 +56,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def compiled_kernels() -> dict[str, Any]:
-    from tests.gpu.prewarm import prewarm
+    from tests.gpu.prewarm import CompileCounter, prewarm
 
     result = prewarm(KERNEL_HEADS, KERNEL_TOPKS, SCALE, KERNEL_BATCHES)
     print(f"\nTileLang prewarm: {result}")
+    # Every compile from here on is one the prewarm missed: reported at the end.
+    _LAZY_COMPILES.append(CompileCounter().attach())
     return result
+
+
+_LAZY_COMPILES: list[Any] = []  # the CompileCounter, once the prewarm has run
+
+
+def _lazy_compiles() -> int | None:
+    return _LAZY_COMPILES[0].count if _LAZY_COMPILES else None
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _LAZY_COMPILES:
+        terminalreporter.write_line(
+            f"TileLang kernels compiled after the prewarm: {_lazy_compiles()}"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -75,4 +91,5 @@ def error_record() -> Iterator[dict[str, dict[str, float]]]:
             for quantity, value in errors.items():
                 worst[quantity] = max(worst.get(quantity, 0.0), value)
         with open(path, "w") as fh:
-            json.dump({"worst": worst, "cases": record}, fh, indent=1, sort_keys=True)
+            summary = {"worst": worst, "cases": record, "lazy_compiles": _lazy_compiles()}
+            json.dump(summary, fh, indent=1, sort_keys=True)
