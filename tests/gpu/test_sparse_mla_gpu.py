@@ -81,6 +81,12 @@ def _inputs(sq, sk, b, heads, width, topk, *, seed, holes=0.2, dtype=torch.int64
     return query, key, indices.to(dtype)
 
 
+def _output_grad(sq, b, heads, *, seed):
+    """A seeded FP32 output-gradient: dq / dk errors then compare across runs."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(sq, b, heads, V, generator=gen, device="cuda")
+
+
 def _reference_with_grads(query, key, indices, grad):
     """FP32 reference output and its dq, dk for loss = sum(out * grad)."""
     q = query.detach().float().requires_grad_(True)
@@ -117,7 +123,7 @@ def test_matches_fp32_reference(installed, spy, error_record, width, topk, heads
     sq, sk = 300, 2300  # neither a multiple of 256: the kernel's sequence bucket pads both
     query, key, indices = _inputs(sq, sk, batch, heads, width, topk, seed=topk + heads)
     saved = [t.clone() for t in (query, key, indices)]
-    grad = torch.randn(sq, batch, heads, V, device="cuda")
+    grad = _output_grad(sq, batch, heads, seed=topk + heads + 1)
 
     out, dq, dk = _run(installed, query, key, indices, grad)
     ref, dq_ref, dk_ref = _reference_with_grads(query, key, indices, grad)
@@ -161,7 +167,7 @@ def test_row_with_no_valid_slot_is_exactly_zero(installed, error_record, width, 
     empty = [(0, 0), (0, 7), (0, sq - 1), (1, 5)]
     for bi, s in empty:
         indices[bi, s] = -1
-    grad = torch.randn(sq, b, heads, V, device="cuda")
+    grad = _output_grad(sq, b, heads, seed=8)
 
     out, dq, dk = _run(installed, query, key, indices, grad)
     ref, dq_ref, dk_ref = _reference_with_grads(query, key, indices, grad)
@@ -193,7 +199,7 @@ def test_out_of_range_indices_are_empty_slots(installed, spy, error_record, dtyp
     pick = torch.randint(0, bad.numel(), clean.shape, generator=gen, device="cuda")
     dirty = torch.where(where, bad[pick], clean)
     clean = clean.masked_fill(where, -1)
-    grad = torch.randn(sq, b, heads, V, device="cuda")
+    grad = _output_grad(sq, b, heads, seed=12)
 
     out_dirty, dq, dk = _run(installed, query, key, dirty, grad)
     out_clean, _, _ = _run(installed, query, key, clean)
@@ -217,7 +223,8 @@ def test_keys_past_the_end_are_never_read(installed, spy, batch):
     sq, sk, heads, topk = 300, 512, 16, 127
     query, _, indices = _inputs(sq, sk, batch, heads, 576, topk, seed=13)
     storage = torch.full((2 * sk, batch, 1, 576), float("nan"), device="cuda").bfloat16()
-    storage[:sk] = torch.randn(sk, batch, 1, 576, device="cuda").bfloat16()
+    gen = torch.Generator(device="cuda").manual_seed(14)
+    storage[:sk] = torch.randn(sk, batch, 1, 576, generator=gen, device="cuda").bfloat16()
     key = storage[:sk]
     dirty = indices.clone()
     dirty[:, :, ::3] = torch.randint(sk, 2 * sk, dirty[:, :, ::3].shape, device="cuda")
@@ -350,7 +357,7 @@ def test_glm_flash_shape_through_dsa_kernels(installed, spy, error_record):
 def test_forward_bit_exact_on_replay_and_beside_a_busy_stream(installed, error_record):
     sq, sk, b, heads, width, topk = 1000, 3000, 2, 16, 512, 2051
     query, key, indices = _inputs(sq, sk, b, heads, width, topk, seed=31)
-    grad = torch.randn(sq, b, heads, V, device="cuda")
+    grad = _output_grad(sq, b, heads, seed=32)
 
     first, dq1, dk1 = _run(installed, query, key, indices, grad)
     second, dq2, dk2 = _run(installed, query, key, indices, grad)
