@@ -187,20 +187,19 @@ class Inputs:
         self.grad_p = self.grad.permute(1, 0, 2, 3).contiguous()
         self.qp.requires_grad_(True)
         self.kp.requires_grad_(True)
-        # The same, with the batch as the kernel's key groups ([1, s, b * h, 576] and so on):
-        # the kernel the backport calls at batch > 1, alone. At batch 1 the two layouts are
-        # one, so no second padded copy is made.
+        # At batch > 1 the same inputs in two more layouts (at batch 1 all three are one, so
+        # no second padded copy is made): the batch as the kernel's key groups
+        # ([1, s, b * h, 576] and so on, the kernel call the backport makes), and the batch
+        # folded into the sequence ([1, s * b, h, 576], key k of batch j at row k * b + j),
+        # which shares the key-group copies' memory and runs a kv_group-1 kernel.
         self.qg, self.kg, self.ig = self.qp, self.kp, self.ip
+        self.qs, self.ks, self.is_ = self.qp, self.kp, self.ip
         if b > 1:
             self.qg = F.pad(self.q.detach(), (0, 64)).view(1, s, b * HEADS, KERNEL_WIDTH)
             self.kg = F.pad(self.k.detach(), (0, 64)).view(1, s, b, KERNEL_WIDTH)
             self.ig = self.ip[:, :, 0].transpose(0, 1).contiguous().unsqueeze(0)
             self.qg.requires_grad_(True)
             self.kg.requires_grad_(True)
-        # The batch folded into the sequence instead ([1, s * b, h, 576], key k of batch j at
-        # row k * b + j): the same memory as the key-group copies, a kv_group-1 kernel.
-        self.qs, self.ks, self.is_ = self.qp, self.kp, self.ip
-        if b > 1:
             self.qs = self.qg.detach().view(1, s * b, HEADS, KERNEL_WIDTH).requires_grad_(True)
             self.ks = self.kg.detach().view(1, s * b, 1, KERNEL_WIDTH).requires_grad_(True)
             batch_of_slot = torch.arange(b, device="cuda", dtype=torch.int32).view(1, 1, b, 1)
