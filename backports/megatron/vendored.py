@@ -6,12 +6,19 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.resources import files
+from importlib.resources.abc import Traversable
 from typing import Any
 
 from .catalog import VendoredRef
 from .errors import BackportError
 
-__all__ = ["Integrity", "check_integrity", "load_replacement", "read_upstream"]
+__all__ = [
+    "Integrity",
+    "check_integrity",
+    "load_replacement",
+    "python_files_digest",
+    "read_upstream",
+]
 
 _MANIFEST = "UPSTREAM.toml"
 
@@ -36,6 +43,21 @@ class Integrity:
     @property
     def ok(self) -> bool:
         return self.expected == self.actual
+
+
+def python_files_digest(folder: Traversable) -> str:
+    """One sha256 over every ``*.py`` file directly in ``folder`` (what an import can load).
+
+    Per file, sorted by name: ``name``, a NUL, the file's sha256 in hex, a newline. A
+    ``pathlib.Path`` is a ``Traversable`` too, so tools/sync_upstream.py hashes a source
+    tree with the very function the probe uses on the installed package.
+    """
+    lines = sorted(
+        f"{item.name}\0{hashlib.sha256(item.read_bytes()).hexdigest()}\n"
+        for item in folder.iterdir()
+        if item.name.endswith(".py") and item.is_file()
+    )
+    return hashlib.sha256("".join(lines).encode("utf-8")).hexdigest()
 
 
 def check_integrity(ref: VendoredRef, upstream: dict[str, Any]) -> Integrity:
