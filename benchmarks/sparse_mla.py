@@ -1,26 +1,30 @@
-"""SparseMLA at the GLM-5.3-Flash DSA shape: the backport against the kernel alone, a naive
-adapter and megatron's dense fallback.
+"""SparseMLA at the GLM-5.3-Flash DSA shape: the backport against the kernel alone,
+upstream's own way of calling it, and megatron's dense fallback.
 
 Shape: 16 heads (one TP rank), q/k width 512 (NoPE), top-k 2051 (2048 + 3), bf16, int32
 top-k indices (what megatron's TileLang indexer returns), each slot a uniformly random
 key; batch 1 at 4k..64k tokens and batch 2 x 16k. Variants, all through megatron-core
 0.19.2's TileLang ``SparseMLA``:
 
-- ``backport``: the installed #7617 ``fused_sparse_mla_absorbed`` on the caller's
+- ``backport``: the installed #7617 ``fused_sparse_mla_absorbed`` (the vendored function
+  with this project's local changes, as ``apply()`` installs it) on the caller's
   ``[s, b, h, 512]`` / ``[s, b, 1, 512]`` / ``[b, s, 2051]`` tensors.
+- ``backport_upstream_only``: the same, installed with ``apply(upstream_only=True)``: the
+  vendored function alone.
+- ``upstream_pr``: a hand-written adapter built exactly as #7617 builds its call:
+  ``F.pad`` to 576 channels, ``permute(1, 0, 2, 3).contiguous()``, ``.to(torch.int32)``
+  and ``F.pad(value=-1)`` of the indices, the output sliced and permuted back.
 - ``kernel``: ``SparseMLA.apply`` on inputs already in the kernel's layout, padded to 576
   channels and 2112 slots: the limit for any adapter (it neither pads nor permutes).
-- ``naive``: ``F.pad`` then ``permute().contiguous()`` for q and k, ``F.pad`` for the
-  indices, ``permute().contiguous()`` for the output: a hand-written backport.
 - ``dense``: megatron's ``_unfused_absorbed_dsa_fn``, the path taken without the fix,
   until it runs out of memory.
-- ``NAME`` (with ``--extra-adapter NAME=FILE``): another adapter module (another version
-  of the vendored file, or a proposal such as benchmarks/proposals/batch_folded_adapter.py).
 
-Times are medians of CUDA-event timings after warm-up, variants interleaved rep by rep,
-each rep after an L2 flush and a GPU sleep that hides the host's launch latency. Peak
-memory is ``max_memory_allocated`` minus what was allocated before the call (the
-caller's own tensors). Results are rewritten to ``--json`` after every section.
+Times are GPU time: medians of CUDA-event timings after warm-up, variants interleaved rep
+by rep, each rep after an L2 flush and a GPU sleep that hides the host's launch latency.
+Peak memory is ``max_memory_allocated`` minus what was allocated before the call (the
+caller's own tensors). A compile check counts the TileLang kernels compiled by calls at
+batch 2, 3 and 4 after a first call at batch 1. Results are rewritten to ``--json`` after
+every section, with the commit and the sha256 of the measured sources.
 
     python benchmarks/sparse_mla.py --json benchmarks/results/sparse_mla.json \\
         --plot benchmarks/results/sparse_mla.png --md benchmarks/results/sparse_mla.md
@@ -33,7 +37,6 @@ import gc
 import hashlib
 import importlib
 import importlib.metadata
-import importlib.util
 import json
 import platform
 import statistics
@@ -57,6 +60,13 @@ SCALE = 0.0625  # the GPU tests' scale: one compiled kernel set
 GIB = 2**30
 CONFIGS = [(1, 4096), (1, 8192), (1, 16384), (1, 32768), (1, 65536), (2, 16384)]
 TARGET_CONFIGS = [(1, 32768), (2, 16384)]
+# The sources whose code is what is measured: their sha256 goes into the JSON.
+MEASURED_SOURCES = [
+    "vendor/megatron_lm_7617/tilelang_dsa.py",
+    "backports/megatron/local_changes/_sparse_mla_adapter.py",
+    "backports/megatron/local_changes/_sparse_mla_triton.py",
+    "benchmarks/sparse_mla.py",
+]
 
 
 def log(*args: Any) -> None:
@@ -95,20 +105,28 @@ def environment() -> dict[str, Any]:
         ).stdout.strip()
     except OSError:
         env["driver"] = None
+    env["commit"] = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    env["commit_dirty"] = None if status is None else bool(status)
+    env["sources_sha256"] = {
+        name: hashlib.sha256((ROOT / name).read_bytes()).hexdigest() for name in MEASURED_SOURCES
+    }
+    return env
+
+
+def _git(*args: str) -> str | None:
+    """git's answer in this checkout, or None where there is no git or no repository."""
     try:
-        env["commit"] = (
-            subprocess.run(
-                ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                capture_output=True,
-                text=True,
-                timeout=20,
-                check=False,
-            ).stdout.strip()
-            or None
+        done = subprocess.run(
+            ["git", "-C", str(ROOT), *args],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
         )
     except OSError:
-        env["commit"] = None
-    return env
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
 
 
 # -- timing --------------------------------------------------------------------------------
@@ -187,34 +205,29 @@ class Inputs:
         self.grad_p = self.grad.permute(1, 0, 2, 3).contiguous()
         self.qp.requires_grad_(True)
         self.kp.requires_grad_(True)
-        # At batch > 1 the same inputs in two more layouts (at batch 1 all three are one, so
-        # no second padded copy is made): the batch as the kernel's key groups
-        # ([1, s, b * h, 576] and so on, the kernel call the backport makes), and the batch
-        # folded into the sequence ([1, s * b, h, 576], key k of batch j at row k * b + j),
-        # which shares the key-group copies' memory and runs a kv_group-1 kernel.
-        self.qg, self.kg, self.ig = self.qp, self.kp, self.ip
-        self.qs, self.ks, self.is_ = self.qp, self.kp, self.ip
-        if b > 1:
-            self.qg = F.pad(self.q.detach(), (0, 64)).view(1, s, b * HEADS, KERNEL_WIDTH)
-            self.kg = F.pad(self.k.detach(), (0, 64)).view(1, s, b, KERNEL_WIDTH)
-            self.ig = self.ip[:, :, 0].transpose(0, 1).contiguous().unsqueeze(0)
-            self.qg.requires_grad_(True)
-            self.kg.requires_grad_(True)
-            self.qs = self.qg.detach().view(1, s * b, HEADS, KERNEL_WIDTH).requires_grad_(True)
-            self.ks = self.kg.detach().view(1, s * b, 1, KERNEL_WIDTH).requires_grad_(True)
-            batch_of_slot = torch.arange(b, device="cuda", dtype=torch.int32).view(1, 1, b, 1)
-            folded = torch.where(self.ig >= 0, self.ig * b + batch_of_slot, -1)
-            self.is_ = folded.view(1, s * b, 1, KERNEL_TOPK)
 
     def zero_grads(self) -> None:
-        for t in (self.q, self.k, self.qp, self.kp, self.qg, self.kg, self.qs, self.ks):
+        for t in (self.q, self.k, self.qp, self.kp):
             t.grad = None
 
     def caller_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.q, self.k, self.idx))
 
 
-def make_variants(x: Inputs, tilelang_dsa: Any, extras: dict[str, Any]) -> dict[str, Any]:
+def upstream_pr(sparse_mla: Any, query: Any, key: Any, topk_indices: Any) -> Any:
+    """#7617's call of the kernel, written out: pad, permute, contiguous, int32, pad -1."""
+    heads = query.size(2)
+    query = F.pad(query, (0, KERNEL_WIDTH - query.size(-1)))
+    key = F.pad(key, (0, KERNEL_WIDTH - key.size(-1)))
+    q = query.permute(1, 0, 2, 3).contiguous()
+    kv = key.permute(1, 0, 2, 3).contiguous()
+    indices = topk_indices.unsqueeze(2).to(torch.int32)
+    indices = F.pad(indices, (0, -indices.size(-1) % 64), value=-1).contiguous()
+    out, _ = sparse_mla.apply(q, kv, indices, SCALE)
+    return out[:, :, :heads].permute(1, 0, 2, 3).contiguous()
+
+
+def make_variants(x: Inputs, tilelang_dsa: Any, installed: dict[str, Any]) -> dict[str, Any]:
     sparse_mla = tilelang_dsa.SparseMLA
 
     def backport(fn: Callable[..., Any]) -> Callable[[], Any]:
@@ -226,29 +239,11 @@ def make_variants(x: Inputs, tilelang_dsa: Any, extras: dict[str, Any]) -> dict[
     def kernel() -> Any:
         return sparse_mla.apply(x.qp, x.kp, x.ip, SCALE)[0]
 
-    def kernel_groups() -> Any:  # its output is the caller's [s, b, h, v] as it stands
-        return sparse_mla.apply(x.qg, x.kg, x.ig, SCALE)[0].view(x.s, x.b, HEADS, V)
-
-    def kernel_seqfold() -> Any:  # its output is the caller's [s, b, h, v] as it stands
-        return sparse_mla.apply(x.qs, x.ks, x.is_, SCALE)[0].view(x.s, x.b, HEADS, V)
-
-    def naive() -> Any:
-        qp = F.pad(x.q, (0, 64)).permute(1, 0, 2, 3).contiguous()
-        kp = F.pad(x.k, (0, 64)).permute(1, 0, 2, 3).contiguous()
-        ip = F.pad(x.idx, (0, KERNEL_TOPK - TOPK), value=-1).unsqueeze(2)
-        out, _ = sparse_mla.apply(qp, kp, ip.to(torch.int32).contiguous(), SCALE)
-        return out.permute(1, 0, 2, 3).contiguous()
-
     variants: dict[str, tuple[Callable[[], Any], torch.Tensor]] = {
-        "backport": (backport(tilelang_dsa.fused_sparse_mla_absorbed), x.grad),
-        "kernel": (kernel, x.grad_p),
-        "naive": (naive, x.grad),
+        name: (backport(fn), x.grad) for name, fn in installed.items()
     }
-    if x.b > 1:
-        variants["kernel_groups"] = (kernel_groups, x.grad)
-        variants["kernel_seqfold"] = (kernel_seqfold, x.grad)
-    for name, module in extras.items():
-        variants[name] = (backport(module.fused_sparse_mla_absorbed), x.grad)
+    variants["upstream_pr"] = (lambda: upstream_pr(sparse_mla, x.q, x.k, x.idx), x.grad)
+    variants["kernel"] = (kernel, x.grad_p)
     return variants
 
 
@@ -335,125 +330,53 @@ def bench_dense(x: Inputs, dsa: Any, reps: int, skip: set[str]) -> dict[str, Any
 # -- adapter pieces, timed alone -----------------------------------------------------------
 
 
-def bench_pieces(
-    x: Inputs, vendored: Any, extra: tuple[str, Any] | None, reps: int
-) -> dict[str, Any]:
+def bench_pieces(x: Inputs, reps: int) -> dict[str, Any]:
     """Each step an adapter adds, alone: what the fused-call ratios are made of."""
+    from backports.megatron.local_changes import _sparse_mla_adapter as adapter
+    from backports.megatron.local_changes import _sparse_mla_triton as fused
+
     timer = Timer()
     q = x.q.detach()
-    # What the kernel returns to the backport: [1, s, b * h, v] and [1, s, b * h, 576].
-    out_k = torch.empty(1, x.s, x.b * HEADS, V, device="cuda", dtype=torch.bfloat16).normal_()
-    dq_k = torch.empty(x.s, x.b, HEADS, KERNEL_WIDTH, device="cuda", dtype=torch.bfloat16)
-    dq_k.normal_()
-    out_bshv = out_k.view(x.b, x.s, HEADS, V)  # what a [b, s, ...] kernel call returns
-    idx64 = x.idx.long()
+    out_bshv = torch.empty(x.b, x.s, HEADS, V, device="cuda", dtype=torch.bfloat16).normal_()
+    q_bytes = (q.numel() + x.qp.numel()) * 2
+    idx_bytes = x.idx.numel() * 4 + x.ip.numel() * 4
 
     def tensor_ops(fn: Callable[[], Any]) -> Callable[[], Any]:
-        def run() -> Any:  # the vendored step with its fused Triton passes off
-            saved, vendored._fused = vendored._fused, False
+        def run() -> Any:  # the local change's step with its fused Triton passes off
+            saved, fused._kernels = fused._kernels, False
             try:
                 return fn()
             finally:
-                vendored._fused = saved
+                fused._kernels = saved
 
         return run
-
-    def idx_tensor_ops(src: torch.Tensor) -> Callable[[], Any]:
-        return tensor_ops(lambda: vendored._kernel_indices(src, x.s))
-
-    def int64_words(fn: Callable[[], Any]) -> Callable[[], Any]:
-        def run() -> Any:
-            saved, vendored._WORDS = vendored._WORDS, (torch.int64,)
-            try:
-                return fn()
-            finally:
-                vendored._WORDS = saved
-
-        return run
-
-    def dq_words() -> Any:
-        g = torch.empty_like(q)
-        vendored._copy(g, dq_k[:, :, :, :WIDTH])
-        return g
 
     pieces: dict[str, tuple[Callable[[], Any], int]] = {
         "copy_q_padded(reference)": (lambda: x.qp.detach().clone(), 2 * x.qp.numel() * 2),
-        "q_layout/backport": (
-            lambda: vendored._to_kernel_layout(q, HEADS, KERNEL_WIDTH),
-            (q.numel() + x.qp.numel()) * 2,
+        "q_layout/lean_copies": (lambda: adapter.to_kernel_layout(q), q_bytes),
+        "q_layout/lean_copies_tensor_ops": (
+            tensor_ops(lambda: adapter.to_kernel_layout(q)),
+            q_bytes,
         ),
-        "q_layout/backport_tensor_ops": (
-            tensor_ops(lambda: vendored._to_kernel_layout(q, HEADS, KERNEL_WIDTH)),
-            (q.numel() + x.qp.numel()) * 2,
-        ),
-        "q_layout/backport_tensor_ops_int64_words": (
-            int64_words(tensor_ops(lambda: vendored._to_kernel_layout(q, HEADS, KERNEL_WIDTH))),
-            (q.numel() + x.qp.numel()) * 2,
-        ),
-        "q_layout/naive": (
+        "q_layout/upstream": (
             lambda: F.pad(q, (0, 64)).permute(1, 0, 2, 3).contiguous(),
-            (q.numel() + x.qp.numel()) * 2,
+            q_bytes,
         ),
-        "indices_int32/backport_fused": (
-            lambda: vendored._kernel_indices(x.idx, x.s),
-            x.idx.numel() * 4 + x.ip.numel() * 4,
+        "indices/index_hygiene": (lambda: adapter.kernel_indices(x.idx, x.s), idx_bytes),
+        "indices/index_hygiene_tensor_ops": (
+            tensor_ops(lambda: adapter.kernel_indices(x.idx, x.s)),
+            idx_bytes,
         ),
-        "indices_int32/backport_tensor_ops": (
-            idx_tensor_ops(x.idx),
-            x.idx.numel() * 4 + x.ip.numel() * 4,
+        "indices/lean_copies": (lambda: adapter.kernel_indices(x.idx, None), idx_bytes),
+        "indices/upstream": (
+            lambda: F.pad(x.idx.unsqueeze(2).to(torch.int32), (0, KERNEL_TOPK - TOPK), value=-1),
+            idx_bytes,
         ),
-        "indices_int64/backport_fused": (
-            lambda: vendored._kernel_indices(idx64, x.s),
-            x.idx.numel() * 8 + x.ip.numel() * 4,
-        ),
-        "indices_int64/backport_tensor_ops": (
-            idx_tensor_ops(idx64),
-            x.idx.numel() * 8 + x.ip.numel() * 4,
-        ),
-        "indices_int32/naive": (
-            lambda: (
-                F.pad(x.idx, (0, KERNEL_TOPK - TOPK), value=-1)
-                .unsqueeze(2)
-                .to(torch.int32)
-                .contiguous()
-            ),
-            x.idx.numel() * 4 + x.ip.numel() * 4,
-        ),
-        "output_layout/backport": (  # a view at any batch: nothing moves
-            lambda: vendored._from_kernel_layout(out_k, x.s, x.b, HEADS),
-            2 * out_k.numel() * 2,
-        ),
-        "output_layout/naive": (
+        "output_layout/upstream": (  # the same in every variant but the kernel alone
             lambda: out_bshv.permute(1, 0, 2, 3).contiguous(),
-            2 * out_k.numel() * 2,
-        ),
-        "dq_to_caller/backport": (dq_words, 2 * q.numel() * 2),
-        "dq_to_caller/bf16_clone": (
-            lambda: dq_k[:, :, :, :WIDTH].contiguous(),
-            2 * q.numel() * 2,
+            2 * out_bshv.numel() * 2,
         ),
     }
-    if extra is not None:  # an earlier adapter's steps, where it has them
-        name, module = extra
-        layout = getattr(module, "_ToKernelLayout", None)  # the [b, s, ...] adapter's
-        q_layout = getattr(module, "_to_kernel_layout", None) if layout is None else layout.apply
-        if q_layout is not None:
-            pieces[f"q_layout/{name}"] = (
-                lambda: q_layout(q, HEADS, KERNEL_WIDTH),
-                (q.numel() + x.qp.numel()) * 2,
-            )
-        indices = getattr(module, "_kernel_indices", None)
-        if indices is not None:
-            pieces[f"indices_int32/{name}"] = (
-                lambda: indices(x.idx, x.s),
-                x.idx.numel() * 4 + x.ip.numel() * 4,
-            )
-        out_layout = getattr(module, "_from_kernel_layout", None)
-        if out_layout is not None and layout is not None:  # the [b, s, ...] adapter's
-            pieces[f"output_layout/{name}"] = (
-                lambda: out_layout(out_bshv, HEADS),
-                2 * out_k.numel() * 2,
-            )
     results: dict[str, Any] = {}
     with torch.no_grad():
         for name, (fn, nbytes) in pieces.items():
@@ -469,6 +392,32 @@ def bench_pieces(
             results[name] = s
     free()
     return results
+
+
+# -- compiles per batch size ---------------------------------------------------------------
+
+
+def compile_check(function: Callable[..., Any], seq: int = 512) -> dict[str, Any]:
+    """TileLang kernels compiled by the first forward+backward at batch 1, then 2, 3, 4."""
+    from tests.gpu.prewarm import CompileCounter
+
+    counter = CompileCounter().attach()
+    result: dict[str, Any] = {"seq": seq, "batches": {}}
+    for b in (1, 2, 3, 4):
+        x = Inputs(b, seq, seed=b)
+        before = counter.count
+        started = time.perf_counter()
+        function(x.q, x.k, x.idx, SCALE, V).backward(x.grad)
+        torch.cuda.synchronize()
+        result["batches"][str(b)] = {
+            "compiled": counter.count - before,
+            "first_call_s": round(time.perf_counter() - started, 3),
+        }
+        del x
+    result["compiled_after_batch_1"] = sum(
+        v["compiled"] for k, v in result["batches"].items() if k != "1"
+    )
+    return result
 
 
 # -- reporting -----------------------------------------------------------------------------
@@ -503,23 +452,26 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
         rows = section["variants"]
         if (section["batch"], section["seq"]) not in TARGET_CONFIGS or "backport" not in rows:
             continue
-        extra = section["padded_copy_bytes"]
-        bound = rows["kernel"]["fwd_bwd_peak_bytes"] + extra
+        bound = rows["kernel"]["fwd_bwd_peak_bytes"] + section["padded_copy_bytes"]
+        bound += section["index_copy_bytes"]
         out.append(
             {
                 "config": label(section["batch"], section["seq"]),
                 "fwd_backport_over_kernel": ratio(rows, "backport", "kernel", "fwd"),
                 "fwd_bwd_backport_over_kernel": ratio(rows, "backport", "kernel", "fwd_bwd"),
-                # batch > 1: against the very kernel call the backport makes (key groups)
-                "fwd_backport_over_kernel_groups": ratio(rows, "backport", "kernel_groups", "fwd"),
-                "fwd_bwd_backport_over_kernel_groups": ratio(
-                    rows, "backport", "kernel_groups", "fwd_bwd"
+                "fwd_backport_over_upstream_pr": ratio(rows, "backport", "upstream_pr", "fwd"),
+                "fwd_bwd_backport_over_upstream_pr": ratio(
+                    rows, "backport", "upstream_pr", "fwd_bwd"
                 ),
-                "fwd_backport_over_naive": ratio(rows, "backport", "naive", "fwd"),
-                "fwd_bwd_backport_over_naive": ratio(rows, "backport", "naive", "fwd_bwd"),
+                "fwd_upstream_only_over_kernel": ratio(
+                    rows, "backport_upstream_only", "kernel", "fwd"
+                ),
+                "fwd_bwd_upstream_only_over_kernel": ratio(
+                    rows, "backport_upstream_only", "kernel", "fwd_bwd"
+                ),
                 "fwd_bwd_peak_backport_bytes": rows["backport"]["fwd_bwd_peak_bytes"],
+                # kernel alone + one padded copy of q and k + the int32 index copy
                 "fwd_bwd_peak_bound_bytes": bound,
-                "index_copy_bytes": section["index_copy_bytes"],
             }
         )
     return out
@@ -550,8 +502,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines += [
             "",
             "| tokens | backport / kernel fwd | backport / kernel fwd+bwd | "
-            "backport / naive fwd | backport / naive fwd+bwd | "
-            "fwd+bwd peak GiB (bound: kernel + padded q, k) |",
+            "backport / upstream_pr fwd | backport / upstream_pr fwd+bwd | "
+            "fwd+bwd peak GiB (bound: kernel + padded q, k + int32 indices) |",
             "| --- | ---: | ---: | ---: | ---: | ---: |",
         ]
         for r in rows:
@@ -561,8 +513,9 @@ def markdown(report: dict[str, Any]) -> str:
 
             lines.append(
                 f"| {r['config']} | {f(r['fwd_backport_over_kernel'])} | "
-                f"{f(r['fwd_bwd_backport_over_kernel'])} | {f(r['fwd_backport_over_naive'])} | "
-                f"{f(r['fwd_bwd_backport_over_naive'])} | "
+                f"{f(r['fwd_bwd_backport_over_kernel'])} | "
+                f"{f(r['fwd_backport_over_upstream_pr'])} | "
+                f"{f(r['fwd_bwd_backport_over_upstream_pr'])} | "
                 f"{r['fwd_bwd_peak_backport_bytes'] / GIB:.2f} "
                 f"({r['fwd_bwd_peak_bound_bytes'] / GIB:.2f}) |"
             )
@@ -582,7 +535,13 @@ def plot(report: dict[str, Any], path: str) -> None:
         ("fwd_bwd", "forward + backward (ms)"),
         ("fwd_bwd_peak_bytes", "fwd+bwd peak memory (GiB)"),
     ]
-    styles = {"backport": "o-", "kernel": "s--", "naive": "^-", "dense": "x-"}
+    styles = {
+        "backport": "o-",
+        "backport_upstream_only": "v-",
+        "kernel": "s--",
+        "upstream_pr": "^-",
+        "dense": "x-",
+    }
     names = list(dict.fromkeys(n for sec in report["sections"] for n in sec["variants"]))
     for ax, (key, title) in zip(axes, panels, strict=True):
         for variant in names:
@@ -661,13 +620,16 @@ def plot(report: dict[str, Any], path: str) -> None:
 # -- main ----------------------------------------------------------------------------------
 
 
-def load_extra(name: str, path: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"sparse_mla_adapter_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.__target_module__ = TILELANG_DSA
-    return module
+def installed_variants(tilelang_dsa: Any) -> dict[str, Any]:
+    """The backport as apply() installs it in each mode (apply swaps the mode in place)."""
+    from backports.megatron import apply
+
+    found = {}
+    for name, upstream_only in (("backport_upstream_only", True), ("backport", False)):
+        (report,) = apply(upstream_only=upstream_only)
+        log(f"apply(upstream_only={upstream_only}): {report.action} {report.verdict}")
+        found[name] = tilelang_dsa.fused_sparse_mla_absorbed
+    return found
 
 
 def main() -> None:
@@ -685,45 +647,24 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--dense-reps", type=int, default=10)
     parser.add_argument("--no-dense", action="store_true")
+    parser.add_argument("--no-compile-check", action="store_true")
     parser.add_argument(
         "--pieces",
         default="1x32768,2x16384",
         help="configs at which to time each adapter step alone",
     )
-    parser.add_argument(
-        "--extra-adapter",
-        action="append",
-        default=[],
-        metavar="NAME=FILE",
-        help="another adapter module to time as variant NAME (repeatable)",
-    )
     args = parser.parse_args()
 
     from megatron.core.transformer.experimental_attention_variant import dsa
 
-    from backports.megatron import apply
-
-    tilelang_dsa = importlib.import_module(TILELANG_DSA)
-    (report_apply,) = apply()
-    log(f"apply: {report_apply.action} {report_apply.verdict}")
-    vendored = sys.modules[tilelang_dsa.fused_sparse_mla_absorbed.__module__]
-    extras = {
-        name: load_extra(name, path)
-        for name, path in (spec.split("=", 1) for spec in args.extra_adapter)
-    }
-    # The first extra adapter's steps are timed alone beside the vendored ones.
-    extra = next(iter(extras.items()), None)
-    configs = [tuple(int(v) for v in c.split("x")) for c in args.configs.split(",") if c]
-
     from tests.gpu.prewarm import prewarm
 
-    log("prewarm:", prewarm([HEADS], [TOPK], SCALE, batches=sorted({b for b, _ in configs})))
+    tilelang_dsa = importlib.import_module(TILELANG_DSA)
+    installed = installed_variants(tilelang_dsa)
+    configs = [tuple(int(v) for v in c.split("x")) for c in args.configs.split(",") if c]
 
-    env = environment()
-    # What was measured, whatever the checkout's HEAD says: the vendored file's hash.
-    env["vendored_sha256"] = hashlib.sha256(Path(vendored.__file__).read_bytes()).hexdigest()
     report: dict[str, Any] = {
-        "environment": env,
+        "environment": environment(),
         "args": vars(args),
         "sections": [],
         "pieces": {},
@@ -744,12 +685,22 @@ def main() -> None:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))
 
+    if not args.no_compile_check:
+        # Before the prewarm: batch 1 compiles the kernel set itself, then batches 2-4 must
+        # find it (the key-group layout compiled a new set per batch size).
+        report["compile_check"] = compile_check(installed["backport"])
+        log("compile check:", report["compile_check"])
+        save()
+    log("prewarm:", prewarm([HEADS], [TOPK], SCALE))
+
+    from backports.megatron.local_changes import _sparse_mla_triton as fused
+
     pieces_at = {tuple(int(v) for v in c.split("x")) for c in args.pieces.split(",") if c}
     dense_skip: set[str] = set()
     for b, s in configs:
         started = time.perf_counter()
         x = Inputs(b, s)
-        variants = make_variants(x, tilelang_dsa, extras)
+        variants = make_variants(x, tilelang_dsa, installed)
         section: dict[str, Any] = {
             "batch": b,
             "seq": s,
@@ -758,17 +709,15 @@ def main() -> None:
             "index_copy_bytes": x.ip.numel() * 4,
             "variants": bench_fused(x, variants, args.reps, args.bwd_reps, args.warmup),
         }
-        section["index_path"] = (
-            "fused"
-            if vendored._fused not in (None, False)
-            else f"tensor ops ({vendored._fused_error!r})"
+        section["fused_passes"] = (
+            "on" if fused.disabled_because is None else f"off ({fused.disabled_because!r})"
         )
         if not args.no_dense:
             section["variants"]["dense"] = bench_dense(
                 x, dsa, args.dense_reps, dense_skip if b == 1 else set()
             )
         if (b, s) in pieces_at:
-            report["pieces"][label(b, s)] = bench_pieces(x, vendored, extra, args.reps)
+            report["pieces"][label(b, s)] = bench_pieces(x, args.reps)
         section["seconds"] = round(time.perf_counter() - started, 1)
         report["sections"].append(section)
         save()
@@ -778,7 +727,7 @@ def main() -> None:
             + "  ".join(
                 f"{n} {fmt_ms(e, 'fwd')}/{fmt_ms(e, 'fwd_bwd')} ms" for n, e in rows.items()
             )
-            + f"  [{section['seconds']} s, index path {section['index_path']}]"
+            + f"  [{section['seconds']} s, fused passes {section['fused_passes']}]"
         )
         del x, variants
         free()
@@ -794,6 +743,8 @@ def main() -> None:
         log(f"-- adapter steps alone at {name} (median ms, TB/s)")
         for piece, value in pieces.items():
             log(f"   {piece:40s} {value['median_ms']:8.3f} {value['tb_per_s']:6.2f}")
+    for row in report["targets"]:
+        log("target:", json.dumps(row))
     log(markdown(report))
 
 

@@ -23,19 +23,6 @@ class KernelCall:
     indices: torch.Tensor
     scale: float
 
-    def per_batch(self) -> "KernelCall":
-        """The call in the ``[b, s, heads, 576]`` / ``[b, sk, 1, 576]`` / ``[b, s, 1, topk]``
-        layout, whether the batch came on the batch axis or folded into the key groups
-        (``[1, s, b * heads, 576]``, ``[1, sk, b, 576]``, ``[1, s, b, topk]``)."""
-        if self.kv.size(2) == 1:
-            return self
-        _, s, heads, width = self.q.shape
-        b = self.kv.size(2)
-        q = self.q.view(s, b, heads // b, width).permute(1, 0, 2, 3)
-        kv = self.kv[0].permute(1, 0, 2).unsqueeze(2)
-        indices = self.indices[0].permute(1, 0, 2).unsqueeze(2)
-        return KernelCall(q, kv, indices, self.scale)
-
 
 class FakeSparseMLA:
     def __init__(self) -> None:

@@ -96,7 +96,6 @@ def test_never_raises_never_writes_and_is_none_or_right(tilelang_dsa, fake_kerne
     assert case.q_dtype == case.k_dtype == torch.bfloat16
     assert case.width == case.key_width and case.width in (512, 576)
     assert case.v_channels == 512
-    assert case.index_dtype in (torch.int16, torch.int32, torch.int64)
     assert out.shape == (case.sq, case.b, case.heads, 512)
     ref = sparse_mla_reference(query, key, indices, SCALE, 512)
     err = (out.float() - ref).norm() / ref.norm().clamp_min(1e-6)

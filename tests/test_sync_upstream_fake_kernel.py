@@ -60,17 +60,31 @@ def synced_catalog(synced_vendor: Path, monkeypatch: pytest.MonkeyPatch) -> Back
     return spec
 
 
-@pytest.fixture
-def installed(tilelang_dsa: ModuleType, fake_kernel: FakeSparseMLA) -> ModuleType:
-    """What the behaviour tests' own ``installed`` does, checking it got the synced code."""
-    (report,) = apply()
+def _install_synced(tilelang_dsa: ModuleType, upstream_only: bool) -> ModuleType:
+    (report,) = apply(upstream_only=upstream_only)
     assert report.verdict is Verdict.NEEDED and report.action is Action.INSTALLED, report
     assert report.evidence["upstream"]["origin"] == "synced"
     assert report.evidence["vendored"]["ok"]
     function = tilelang_dsa.fused_sparse_mla_absorbed
-    assert function.__module__ == f"{PACKAGE}.megatron_lm_7617.tilelang_dsa"
+    vendored = sys.modules[f"{PACKAGE}.megatron_lm_7617.tilelang_dsa"]
+    # Upstream-only runs the synced function itself; by default the local changes,
+    # kept across the sync, wrap it.
+    assert (function.__code__ is vendored.fused_sparse_mla_absorbed.__code__) == upstream_only
     assert function.__backport__ == BACKPORT
     return tilelang_dsa
+
+
+@pytest.fixture
+def installed(tilelang_dsa: ModuleType, fake_kernel: FakeSparseMLA) -> ModuleType:
+    """What the behaviour tests' own ``installed`` does, checking it got the synced code."""
+    return _install_synced(tilelang_dsa, upstream_only=False)
+
+
+@pytest.fixture(params=[False, True], ids=["local-changes", "upstream-only"])
+def installed_any_mode(
+    request: pytest.FixtureRequest, tilelang_dsa: ModuleType, fake_kernel: FakeSparseMLA
+) -> ModuleType:
+    return _install_synced(tilelang_dsa, upstream_only=request.param)
 
 
 # The hand-written function's behaviour tests, collected again in this module: here the
@@ -91,6 +105,7 @@ def test_the_synced_function_is_what_apply_installs(
         "_all_bfloat16",
         "_is_supported_sparse_mla_head_count",
     )
+    apply(upstream_only=True)
     assert (
         installed.fused_sparse_mla_absorbed.__code__ is vendored.fused_sparse_mla_absorbed.__code__
     )

@@ -6,13 +6,15 @@ Data flows one way: catalog -> probe -> verdict -> patcher -> report.
 import logging
 import os
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
+from typing import Any
 
 from . import patcher, post_import
 from .catalog import BackportSpec, select
 from .errors import BackportError, BackportWarning
+from .local_changes import wrap_all
 from .probe import ProbeResult, probe, probe_without_import
 from .ranks import is_rank_zero
 from .report import Action, Report, Verdict
@@ -23,6 +25,10 @@ __all__ = ["applied", "apply", "disabled_reason", "is_deferred", "last_report", 
 
 ENV_ENABLE = "MEGATRON_BACKPORTS"  # "0" turns every backport off
 ENV_SKIP = "MEGATRON_BACKPORTS_SKIP"  # comma-separated ids to turn off
+ENV_UPSTREAM_ONLY = "MEGATRON_BACKPORTS_UPSTREAM_ONLY"  # "1": vendored code, no local changes
+
+UPSTREAM_ONLY = "upstream-only"  # the two modes an installed backport runs in
+WITH_LOCAL_CHANGES = "local-changes"
 
 _LOG = logging.getLogger("backports.megatron")
 _SKIPPED = (Verdict.UPSTREAM, Verdict.INCOMPATIBLE, Verdict.ABSENT)
@@ -63,15 +69,49 @@ def _announce(report: Report) -> None:
         _LOG.debug("%s", message)
 
 
-def _finish(spec: BackportSpec, result: ProbeResult) -> Report:
+def upstream_only_requested(upstream_only: bool | None = None) -> bool:
+    """The argument if given, else ``MEGATRON_BACKPORTS_UPSTREAM_ONLY``."""
+    if upstream_only is not None:
+        return upstream_only
+    return os.environ.get(ENV_UPSTREAM_ONLY, "").strip() == "1"
+
+
+def mode_evidence(spec: BackportSpec, upstream_only: bool) -> dict[str, object]:
+    """Which mode runs (or would run), and each local change the catalog declares."""
+    active = not upstream_only
+    return {
+        "mode": UPSTREAM_ONLY if upstream_only else WITH_LOCAL_CHANGES,
+        "local_changes": [{**c.to_dict(), "active": active} for c in spec.local_changes],
+    }
+
+
+def installed_mode(backport_id: str) -> str | None:
+    """The mode of the installed replacement, or None when nothing is installed."""
+    installation = patcher.installed(backport_id)
+    if installation is None:
+        return None
+    return str(getattr(installation.replacement, "__backport_mode__", WITH_LOCAL_CHANGES))
+
+
+def _replacement(spec: BackportSpec, module_name: str, upstream_only: bool) -> Callable[..., Any]:
+    vendored = load_replacement(spec.vendored, module_name)
+    return vendored if upstream_only else wrap_all(vendored, spec.local_changes)
+
+
+def _finish(spec: BackportSpec, result: ProbeResult, upstream_only: bool) -> Report:
     """Install on ``needed``; otherwise skip. Records and announces the outcome."""
+    evidence = {**result.evidence, **mode_evidence(spec, upstream_only)}
     if result.verdict is Verdict.NEEDED and result.target is not None:
-        replacement = load_replacement(spec.vendored, result.target.module_name)
-        _, fresh = patcher.install(spec.id, result.target, replacement)
+        replacement = _replacement(spec, result.target.module_name, upstream_only)
+        mode = UPSTREAM_ONLY if upstream_only else WITH_LOCAL_CHANGES
+        _, fresh = patcher.install(
+            spec.id, result.target, replacement, markers={"__backport_mode__": mode}
+        )
         action = Action.INSTALLED if fresh else Action.ALREADY_INSTALLED
-        report = Report(spec.id, result.verdict, action, result.reason, result.evidence)
+        reason = result.reason + (" [upstream only: no local changes]" if upstream_only else "")
+        report = Report(spec.id, result.verdict, action, reason, evidence)
     else:
-        report = Report(spec.id, result.verdict, Action.SKIPPED, result.reason, result.evidence)
+        report = Report(spec.id, result.verdict, Action.SKIPPED, result.reason, evidence)
     _last[spec.id] = report
     _announce(report)
     return report
@@ -91,24 +131,30 @@ def is_deferred(spec: BackportSpec) -> bool:
     return bool(post_import.registered(_hook_key(spec)))
 
 
-def _on_target_import(spec: BackportSpec, strict: bool) -> post_import.Callback:
+def _on_target_import(
+    spec: BackportSpec, strict: bool, upstream_only: bool
+) -> post_import.Callback:
     def callback(module: ModuleType) -> None:
         with patcher.lock():
             if patcher.installed(spec.id) is not None:
                 return
-            report = _finish(spec, probe(spec))
+            report = _finish(spec, probe(spec), upstream_only)
         if strict and report.verdict is Verdict.INCOMPATIBLE:
             raise _StrictFailure(f"{spec.id} is incompatible: {report.reason}")
 
     return callback
 
 
-def _apply_one(spec: BackportSpec, strict: bool) -> Report:
+def _apply_one(spec: BackportSpec, strict: bool, upstream_only: bool) -> Report:
     reason = disabled_reason(spec)
     if reason is not None:
         return Report(spec.id, Verdict.DISABLED, Action.SKIPPED, reason)
-    current = patcher.installed(spec.id)
-    if current is not None:
+    mode = installed_mode(spec.id)
+    if mode is not None and (mode == UPSTREAM_ONLY) != upstream_only:
+        # Asked for the other mode: swap the replacement, under the same lock.
+        patcher.uninstall(spec.id)
+        mode = None
+    if mode is not None:
         last = _last.get(spec.id)
         why = last.reason if last else "installed earlier in this process"
         return Report(
@@ -116,26 +162,39 @@ def _apply_one(spec: BackportSpec, strict: bool) -> Report:
         )
     early = probe_without_import(spec)
     if early.final:
-        return _finish(spec, early)
+        return _finish(spec, early, upstream_only)
     loaded = find_loaded_target(spec.target, spec.id) is not None
     if not loaded:
         # Patch the moment megatron defines the target, not before: importing megatron
         # here would cost the job ~9 s and happen in every process the hook reaches.
         for module_name in spec.target.modules:
-            post_import.register(module_name, _hook_key(spec), _on_target_import(spec, strict))
+            callback = _on_target_import(spec, strict, upstream_only)
+            post_import.register(module_name, _hook_key(spec), callback)
         version = early.evidence["distribution"]["version"]
         reason = (
             f"{spec.target.distribution} {version} is not imported yet: the behaviour probe "
             f"runs, and the backport installs if needed, when {spec.target.modules[-1]} is imported"
         )
-        return Report(spec.id, Verdict.NEEDED, Action.DEFERRED, reason, early.evidence)
-    return _finish(spec, probe(spec))
+        evidence = {**early.evidence, **mode_evidence(spec, upstream_only)}
+        return Report(spec.id, Verdict.NEEDED, Action.DEFERRED, reason, evidence)
+    return _finish(spec, probe(spec), upstream_only)
 
 
-def apply(only: str | Iterable[str] | None = None, *, strict: bool = False) -> list[Report]:
-    """Probe each backport and install the ones that are needed (idempotent, thread-safe)."""
+def apply(
+    only: str | Iterable[str] | None = None,
+    *,
+    strict: bool = False,
+    upstream_only: bool | None = None,
+) -> list[Report]:
+    """Probe each backport and install the ones that are needed (idempotent, thread-safe).
+
+    ``upstream_only=True`` (default: ``MEGATRON_BACKPORTS_UPSTREAM_ONLY=1``) installs the
+    vendored code alone, without this project's local changes; asking for the other mode
+    than the installed one swaps the replacement.
+    """
+    upstream_only = upstream_only_requested(upstream_only)
     with patcher.lock():
-        reports = [_apply_one(spec, strict) for spec in select(only)]
+        reports = [_apply_one(spec, strict, upstream_only) for spec in select(only)]
     if strict:
         bad = [r for r in reports if r.verdict is Verdict.INCOMPATIBLE]
         if bad:
@@ -152,13 +211,17 @@ def status(only: str | Iterable[str] | None = None) -> list[Report]:
             reports.append(Report(spec.id, Verdict.DISABLED, Action.WOULD_SKIP, reason))
             continue
         result = probe(spec)
-        if patcher.installed(spec.id) is not None:
+        mode = installed_mode(spec.id)
+        if mode is not None:
             action = Action.ALREADY_INSTALLED
         elif result.verdict is Verdict.NEEDED:
             action = Action.WOULD_INSTALL
         else:
             action = Action.WOULD_SKIP
-        reports.append(Report(spec.id, result.verdict, action, result.reason, result.evidence))
+        upstream_only = upstream_only_requested() if mode is None else mode == UPSTREAM_ONLY
+        evidence = {**result.evidence, **mode_evidence(spec, upstream_only)}
+        reason = result.reason + (" [upstream only: no local changes]" if upstream_only else "")
+        reports.append(Report(spec.id, result.verdict, action, reason, evidence))
     return reports
 
 
@@ -191,10 +254,13 @@ def revert(only: str | Iterable[str] | None = None) -> list[Report]:
 
 @contextmanager
 def applied(
-    only: str | Iterable[str] | None = None, *, strict: bool = False
+    only: str | Iterable[str] | None = None,
+    *,
+    strict: bool = False,
+    upstream_only: bool | None = None,
 ) -> Iterator[list[Report]]:
     """``apply`` on entry; on exit revert what this block installed or deferred."""
-    reports = apply(only, strict=strict)
+    reports = apply(only, strict=strict, upstream_only=upstream_only)
     mine = [r.id for r in reports if r.action in (Action.INSTALLED, Action.DEFERRED)]
     try:
         yield reports

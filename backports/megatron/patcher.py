@@ -35,7 +35,10 @@ def installed(backport_id: str) -> Installation | None:
 
 
 def _copy_function(
-    vendored: Callable[..., Any], backport_id: str, original: Callable[..., Any]
+    vendored: Callable[..., Any],
+    backport_id: str,
+    original: Callable[..., Any],
+    markers: dict[str, Any],
 ) -> Callable[..., Any]:
     """A fresh function object, so markers never land on the vendored module's own function."""
     if not isinstance(vendored, types.FunctionType):
@@ -53,6 +56,7 @@ def _copy_function(
     copy.__module__ = vendored.__module__
     copy.__annotations__ = dict(vendored.__annotations__)
     copy.__dict__.update(vendored.__dict__)
+    copy.__dict__.update(markers)
     copy.__backport__ = backport_id  # type: ignore[attr-defined]
     copy.__wrapped__ = original  # type: ignore[attr-defined]
     return copy
@@ -86,14 +90,20 @@ def _rebind(sites: tuple[tuple[str, str], ...], old: object, new: object) -> Non
 
 
 def install(
-    backport_id: str, target: ResolvedTarget, vendored: Callable[..., Any]
+    backport_id: str,
+    target: ResolvedTarget,
+    vendored: Callable[..., Any],
+    markers: dict[str, Any] | None = None,
 ) -> tuple[Installation, bool]:
-    """Rebind the original everywhere; returns (installation, whether this call installed)."""
+    """Rebind the original everywhere; returns (installation, whether this call installed).
+
+    ``markers`` are set as attributes on the installed copy, beside ``__backport__``.
+    """
     with _LOCK:
         existing = _INSTALLED.get(backport_id)
         if existing is not None:
             return existing, False
-        replacement = _copy_function(vendored, backport_id, target.original)
+        replacement = _copy_function(vendored, backport_id, target.original, markers or {})
         defining_site = (target.module_name, target.attribute)
         sites = tuple(dict.fromkeys([defining_site, *_bindings_of(target.original)]))
         if vars(target.module).get(defining_site[1]) is not target.original:

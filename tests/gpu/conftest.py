@@ -19,7 +19,6 @@ SCALE = 0.0625  # one softmax scale everywhere: TileLang compiles one kernel set
 # Every (heads, top-k) the tests run; heads under 16 run on the 16-head kernel.
 KERNEL_HEADS = (16, 32, 64)
 KERNEL_TOPKS = (64, 65, 127, 2051)
-KERNEL_BATCHES = (1, 2)  # batch b runs as b key groups of the heads: its own kernels
 
 
 @functools.cache
@@ -58,7 +57,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def compiled_kernels() -> dict[str, Any]:
     from tests.gpu.prewarm import CompileCounter, prewarm
 
-    result = prewarm(KERNEL_HEADS, KERNEL_TOPKS, SCALE, KERNEL_BATCHES)
+    result = prewarm(KERNEL_HEADS, KERNEL_TOPKS, SCALE)
     print(f"\nTileLang prewarm: {result}")
     # Every compile from here on is one the prewarm missed: reported at the end.
     _LAZY_COMPILES.append(CompileCounter().attach())

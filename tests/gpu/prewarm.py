@@ -2,11 +2,12 @@
 
 TileLang compiles each kernel on its first call (about ten seconds apiece), keyed by the
 kernel's head count, key groups, top-k width and softmax scale, one at a time under
-megatron-core's cache lock. The GPU tests need 42 of them (the backport runs batch 2 as
-two key groups). Here each kernel factory is called on a thread pool (lowering releases
-the GIL, nvcc is a subprocess) with exactly the arguments, in exactly the call form, that
-megatron-core's ``_get_*_kernel`` helpers use, so the compiled kernel lands in the
-factory's own cache, which megatron-core's first calls then hit.
+megatron-core's cache lock. The backport calls the kernel as upstream does, with one key
+group at every batch size, so one set serves every batch. Here each kernel factory is
+called on a thread pool (lowering releases the GIL, nvcc is a subprocess) with exactly
+the arguments, in exactly the call form, that megatron-core's ``_get_*_kernel`` helpers
+use, so the compiled kernel lands in the factory's own cache, which megatron-core's first
+calls then hit.
 
 An earlier version elaborated each kernel here and compiled it with ``tilelang.compile``:
 the small pre/post-processing kernels were then found in TileLang's kernel cache, but the
@@ -28,7 +29,7 @@ BLOCK_I, NUM_STAGES, THREADS, MAX_BLOCK_H = 64, 2, 256, 32  # megatron-core 0.19
 
 
 def _plans(
-    heads: Iterable[int], topks: Iterable[int], batches: Iterable[int], scale: float
+    heads: Iterable[int], topks: Iterable[int], scale: float
 ) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
     """(factory, args, kwargs) for every kernel, in megatron-core's own call form."""
     from megatron.core.transformer.experimental_attention_variant.ops import (
@@ -38,8 +39,8 @@ def _plans(
         tilelang_sparse_mla_fwd as fwd,
     )
 
-    # The backport folds batch b into b key groups: b * heads query heads, kv_group b.
-    groups = sorted({(b * max(16, h), b) for h in heads for b in batches})
+    # Heads under 16 run on the 16-head kernel; one key group (kv_group 1) at every batch.
+    groups = sorted({(max(16, h), 1) for h in heads})
     padded_topks = sorted({-(-t // 64) * 64 for t in topks})
     plans: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
     for h, g in groups:
@@ -54,7 +55,7 @@ def _plans(
             )
             plans.append((bwd.bwd, (h, DIM, TAIL, t, g, scale), dict(max_block_h=MAX_BLOCK_H)))
     plans += [(bwd.preprocess, (h, DIM), {}) for h in sorted({h for h, _ in groups})]
-    plans += [(bwd.postprocess, (DIM, TAIL, g), {}) for g in sorted(set(batches))]
+    plans += [(bwd.postprocess, (DIM, TAIL, 1), {})]
     return plans
 
 
@@ -62,13 +63,12 @@ def prewarm(
     heads: Iterable[int],
     topks: Iterable[int],
     scale: float,
-    batches: Iterable[int] = (1,),
     workers: int = 16,
 ) -> dict[str, Any]:
-    """Compile fwd, bwd, preprocess and postprocess kernels for every (heads, top-k, batch)."""
+    """Compile fwd, bwd, preprocess and postprocess kernels for every (heads, top-k)."""
     started = time.perf_counter()
     try:
-        plans = _plans(heads, topks, batches, scale)
+        plans = _plans(heads, topks, scale)
     except Exception as exc:  # report, let the lazy path compile
         return {"ok": False, "error": repr(exc), "seconds": time.perf_counter() - started}
 

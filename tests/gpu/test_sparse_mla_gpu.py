@@ -1,7 +1,8 @@
 """The real TileLang SparseMLA kernel through the installed #7617 backport, on a CUDA GPU.
 
 ``backports.megatron.apply()`` installs the vendored ``fused_sparse_mla_absorbed`` onto
-megatron-core 0.19.2; every call here goes through that installed function (or through
+megatron-core 0.19.2, with this project's local changes around it (the default) or alone
+(``upstream_only=True``); every call here goes through the installed function (or through
 megatron's own ``dsa_kernels`` hook) to megatron-core's TileLang ``SparseMLA``. Results
 are compared with tests/reference.py, an FP32 sparse attention on the caller's unpadded
 inputs that knows nothing of kernel layouts, padding or sentinels.
@@ -20,15 +21,16 @@ Forward results are also checked bit for bit where the kernel gets identical inp
 backward results only numerically, since dK accumulates with atomics in any order.
 """
 
-import sys
 from types import ModuleType
 
 import pytest
 import torch
 
 from backports.megatron import Action, apply
-from tests.fake_kernel import KernelCall
+from backports.megatron.local_changes import _sparse_mla_adapter as adapter
+from backports.megatron.local_changes import _sparse_mla_triton as fused
 from tests.gpu.conftest import SCALE
+from tests.gpu.prewarm import CompileCounter
 from tests.reference import sparse_mla_reference
 
 pytestmark = pytest.mark.gpu
@@ -51,9 +53,10 @@ class _Spy:
 
 
 @pytest.fixture
-def installed(tilelang_dsa: ModuleType, compiled_kernels, monkeypatch) -> ModuleType:
+def installed(tilelang_dsa: ModuleType, compiled_kernels) -> ModuleType:
     (report,) = apply()
     assert report.action is Action.INSTALLED, report
+    assert report.evidence["mode"] == "local-changes"
     assert getattr(tilelang_dsa.fused_sparse_mla_absorbed, "__backport__", None)
     return tilelang_dsa
 
@@ -108,10 +111,6 @@ def _run(module, query, key, indices, grad=None):
     return out.detach(), q.grad, k.grad
 
 
-def _vendored(installed: ModuleType) -> ModuleType:
-    return sys.modules[installed.fused_sparse_mla_absorbed.__module__]
-
-
 # -- the shape matrix ----------------------------------------------------------------------
 
 
@@ -137,13 +136,9 @@ def test_matches_fp32_reference(installed, spy, error_record, width, topk, heads
     for before, after in zip(saved, (query, key, indices), strict=True):
         assert torch.equal(before, after), "an input was modified"
 
-    # What the real kernel was given: zero channels past the caller's width, zero heads
-    # past the caller's, -1 past the caller's top-k, the caller's scale.
+    # What the real kernel was given, in upstream's layout: zero channels past the
+    # caller's width, zero heads past the caller's, -1 past the caller's top-k, the scale.
     ((q_k, kv_k, idx_k, scale_k),) = spy.calls
-    # One call for the whole batch, batch i as key group i; read back per batch.
-    assert kv_k.shape[:3] == (1, sk, batch) and idx_k.shape[:3] == (1, sq, batch)
-    call = KernelCall(q_k, kv_k, idx_k, scale_k).per_batch()
-    q_k, kv_k, idx_k = call.q, call.kv, call.indices
     kernel_heads, padded = max(heads, 16), -(-topk // 64) * 64
     assert q_k.shape == (batch, sq, kernel_heads, 576) and kv_k.shape == (batch, sk, 1, 576)
     assert idx_k.shape == (batch, sq, 1, padded) and idx_k.dtype == torch.int32
@@ -217,9 +212,9 @@ def test_out_of_range_indices_are_empty_slots(installed, spy, error_record, dtyp
 
 @pytest.mark.parametrize("batch", [1, 2])
 def test_keys_past_the_end_are_never_read(installed, spy, batch):
-    """Width 576, sk a multiple of 256: the kernel reads the caller's key in place (batch
-    folded into the key groups), so NaN rows right past key's end would poison any output
-    that read them."""
+    """Width 576, sk a multiple of 256, NaN rows right past key's end: any output that read
+    them would be NaN. At batch 1 the kernel reads the caller's q and key in place (their
+    permute is already dense), so the NaN rows sit right after what it may read."""
     sq, sk, heads, topk = 300, 512, 16, 127
     query, _, indices = _inputs(sq, sk, batch, heads, 576, topk, seed=13)
     storage = torch.full((2 * sk, batch, 1, 576), float("nan"), device="cuda").bfloat16()
@@ -231,16 +226,17 @@ def test_keys_past_the_end_are_never_read(installed, spy, batch):
 
     out = installed.fused_sparse_mla_absorbed(query, key, dirty, SCALE, V)
 
-    assert spy.calls[0][1].data_ptr() == key.data_ptr(), "kernel did not read key in place"
-    assert spy.calls[0][0].data_ptr() == query.data_ptr(), "kernel did not read q in place"
+    if batch == 1:
+        assert spy.calls[0][1].data_ptr() == key.data_ptr(), "kernel did not read key in place"
+        assert spy.calls[0][0].data_ptr() == query.data_ptr(), "kernel did not read q in place"
     assert torch.isfinite(out).all()
     clean = dirty.masked_fill(dirty >= sk, -1)
     assert torch.equal(out, installed.fused_sparse_mla_absorbed(query, key, clean, SCALE, V))
 
 
 def test_fused_index_pass_matches_tensor_ops(installed):
-    """The one-pass CUDA index conversion against the tensor-op path, bit for bit."""
-    vendored = _vendored(installed)
+    """The one-pass CUDA index conversion against the tensor-op path, bit for bit, with
+    and without the bounds (index hygiene)."""
     gen = torch.Generator(device="cuda").manual_seed(17)
     for dtype, sk in [
         (torch.int64, 3000),
@@ -255,34 +251,87 @@ def test_fused_index_pass_matches_tensor_ops(installed):
             raw = raw.clamp(info.min, info.max).to(dtype)
             raw[0, 0, :4] = torch.tensor([info.min, info.max, -1, 0], dtype=dtype)
             for indices in (raw, raw.transpose(0, 1).contiguous().transpose(0, 1)):
-                fused = vendored._kernel_indices(indices, sk)
-                assert vendored._fused not in (None, False), vendored._fused_error
-                plain = vendored._kernel_indices(indices.cpu(), sk)
-                assert torch.equal(fused.cpu(), plain), (dtype, sk, topk)
-                wide = indices.long()  # compared in int64: sk need not fit the indices' dtype
-                expect = torch.where((wide >= 0) & (wide < sk), wide, -1)
-                assert fused.shape == (1, 257, 2, -(-topk // 64) * 64)  # [1, sq, b, topk']
-                assert torch.equal(fused[0, :, :, :topk].transpose(0, 1).long(), expect)
-                assert (fused[..., topk:] == -1).all()
+                for num_keys in (sk, None):
+                    got = adapter.kernel_indices(indices, num_keys)
+                    assert fused.disabled_because is None, fused.disabled_because
+                    plain = adapter.kernel_indices(indices.cpu(), num_keys)
+                    assert torch.equal(got.cpu(), plain), (dtype, sk, topk, num_keys)
+                    assert got.shape == (2, 257, -(-topk // 64) * 64)  # [b, sq, topk']
+                    assert got.unsqueeze(2).is_contiguous()
+                    wide = indices.long()  # in int64: sk need not fit the indices' dtype
+                    expect = (
+                        wide.int()
+                        if num_keys is None
+                        else torch.where((wide >= 0) & (wide < sk), wide, -1)
+                    )
+                    assert torch.equal(got[..., :topk].long(), expect.long())
+                    assert (got[..., topk:] == -1).all()
 
 
 def test_fused_pad_pass_matches_plain_copy(installed):
-    """The one-pass CUDA q / k padding against the two-op path, bit for bit: the caller's
-    channels where they were, exact zeros after them, for strided callers too."""
-    vendored = _vendored(installed)
+    """The one-pass CUDA q / k layout pass against the two-op path, bit for bit: the
+    caller's channels where they were, exact zeros after them, for strided callers too."""
     gen = torch.Generator(device="cuda").manual_seed(19)
     for shape in [(300, 2, 16, 512), (257, 1, 32, 512), (301, 3, 1, 512)]:
         x = torch.randn(shape, generator=gen, device="cuda").bfloat16()
         strided = x.transpose(0, 1).contiguous().transpose(0, 1)
         for src in (x, strided, x.new_full(shape, float("nan"))):
-            fused = vendored._Padded.apply(src, shape[2], 576)
-            assert vendored._fused not in (None, False), vendored._fused_error
-            plain = vendored._Padded.apply(src.cpu(), shape[2], 576)
-            assert fused.shape == plain.shape == (*shape[:3], 576)
-            assert not fused[..., 512:].any(), "padding channels not zero"
+            got = adapter.to_kernel_layout(src)
+            assert fused.disabled_because is None, fused.disabled_because
+            plain = adapter.to_kernel_layout(src.cpu())
+            assert got.shape == plain.shape == (*shape[:3], 576)
+            assert got.permute(1, 0, 2, 3).is_contiguous()
+            assert not got[..., 512:].any(), "padding channels not zero"
             # Compared as bits: NaN channels must come through as the very same NaNs.
-            assert torch.equal(fused.cpu().view(torch.int16), plain.view(torch.int16))
-            assert torch.equal(fused[..., :512].view(torch.int16), src.view(torch.int16))
+            assert torch.equal(got.cpu().view(torch.int16), plain.view(torch.int16))
+            assert torch.equal(got[..., :512].view(torch.int16), src.view(torch.int16))
+
+
+# -- the local changes change nothing the kernel computes ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "batch, heads, width, topk",
+    [(1, 16, 512, 2051), (2, 16, 512, 65), (2, 8, 576, 127), (1, 32, 512, 64), (3, 16, 512, 2051)],
+)
+def test_local_changes_are_bit_exact_with_upstream_only(
+    tilelang_dsa, compiled_kernels, monkeypatch, error_record, batch, heads, width, topk
+):
+    sq, sk = 300, 2300
+    query, key, indices = _inputs(sq, sk, batch, heads, width, topk, seed=41 + batch)
+    grad = _output_grad(sq, batch, heads, seed=42)
+    runs = {}
+    for upstream_only in (False, True):
+        apply(upstream_only=upstream_only)
+        spy = _Spy(tilelang_dsa.SparseMLA)
+        monkeypatch.setattr(tilelang_dsa, "SparseMLA", spy)
+        runs[upstream_only] = (*_run(tilelang_dsa, query, key, indices, grad), spy.calls[0])
+        monkeypatch.undo()
+    (out_l, dq_l, dk_l, call_l), (out_u, dq_u, dk_u, call_u) = runs[False], runs[True]
+    for mine, theirs in zip(call_l, call_u, strict=True):  # q, kv, indices, scale
+        if isinstance(mine, torch.Tensor):
+            assert mine.shape == theirs.shape and mine.stride() == theirs.stride()
+            assert torch.equal(mine, theirs)
+        else:
+            assert mine == theirs
+    assert torch.equal(out_l, out_u), "forward output differs from upstream's function alone"
+    # dK sums with atomics in any order: the backward agrees numerically only.
+    errors = {"dq_vs_upstream_only": _rel(dq_l, dq_u), "dk_vs_upstream_only": _rel(dk_l, dk_u)}
+    error_record[f"local_vs_upstream/b{batch}/h{heads}/w{width}/k{topk}"] = errors
+    assert errors["dq_vs_upstream_only"] < 1e-3 and errors["dk_vs_upstream_only"] < 1e-3
+
+
+def test_batch_sizes_share_one_kernel_set(installed):
+    """After batch 1, batches 2, 3, 4 compile no new TileLang kernel: upstream's layout has
+    one key group at every batch size (the prewarm compiled kv_group 1 kernels only)."""
+    query, key, indices = _inputs(512, 512, 1, 16, 512, 2051, seed=51)
+    _run(installed, query, key, indices, _output_grad(512, 1, 16, seed=52))
+    counter = CompileCounter().attach()
+    for batch in (2, 3, 4):
+        query, key, indices = _inputs(512, 512, batch, 16, 512, 2051, seed=51 + batch)
+        _run(installed, query, key, indices, _output_grad(512, batch, 16, seed=52))
+    torch.cuda.synchronize()
+    assert counter.count == 0, f"{counter.count} TileLang kernels compiled at batch 2-4"
 
 
 # -- megatron's own entry point, at the GLM-5.3-Flash shape --------------------------------

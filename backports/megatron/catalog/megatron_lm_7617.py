@@ -11,6 +11,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from ..local_changes.sparse_mla import INDEX_HYGIENE, LEAN_COPIES
 from .spec import BackportSpec, SniffResult, Target, VendoredRef
 
 __all__ = ["SPEC"]
@@ -116,6 +117,9 @@ SPEC = BackportSpec(
     ),
     delete_when_landed=(
         "Delete vendor/megatron_lm_7617/ and backports/megatron/catalog/megatron_lm_7617.py, "
-        "and drop MEGATRON_LM_7617 from backports/megatron/catalog/__init__.py."
+        "and drop MEGATRON_LM_7617 from backports/megatron/catalog/__init__.py. The local "
+        "changes (backports/megatron/local_changes/sparse_mla.py) go with it, or are proposed "
+        "upstream first."
     ),
+    local_changes=(INDEX_HYGIENE, LEAN_COPIES),
 )

@@ -7,7 +7,9 @@ from typing import Any
 
 from packaging.version import Version
 
-__all__ = ["BackportSpec", "SniffResult", "Target", "VendoredRef"]
+from ..local_changes import LocalChange
+
+__all__ = ["BackportSpec", "LocalChange", "SniffResult", "Target", "VendoredRef"]
 
 
 @dataclass(frozen=True)
@@ -61,3 +63,5 @@ class BackportSpec:
     sniff: Sniff
     vendored: VendoredRef
     delete_when_landed: str
+    # What this project adds around the vendored code, outermost first (see local_changes).
+    local_changes: tuple[LocalChange, ...] = ()

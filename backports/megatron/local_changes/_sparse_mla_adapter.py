@@ -1,0 +1,172 @@
+"""The torch side of the #7617 local changes (see ``sparse_mla`` for what each one is).
+
+Each wrapper takes the vendored ``fused_sparse_mla_absorbed`` (upstream's behaviour) and
+returns a function of the same signature. It prepares only calls the kernel can take at all
+(``_kernel_bound``); anything else goes to the vendored function as the caller gave it, so
+every fallback (None) decision stays upstream's.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import _sparse_mla_triton as fused
+
+__all__ = ["kernel_indices", "to_kernel_layout", "with_index_hygiene", "with_lean_copies"]
+
+Function = Callable[..., Any]
+
+KERNEL_WIDTH = 576  # 512 latent + 64 rope channels: what the TileLang kernels are built for
+NOPE_WIDTH = 512  # NoPE MLA: the latent channels alone
+WIDTHS = (NOPE_WIDTH, KERNEL_WIDTH)
+V_CHANNELS = 512
+TOPK_BLOCK = 64  # the kernel walks top-k in blocks of 64
+
+
+def _kernel_bound(query: Any, key: Any, topk_indices: Any, v_channels: int) -> bool:
+    """Whether the call has the shape of one the vendored function sends to the kernel.
+
+    A cheap guard against preparing inputs for a call that will be declined anyway; the
+    vendored function still makes every decision itself, on the prepared inputs, which
+    keep each property checked here.
+    """
+    if query.ndim != 4 or key.ndim != 4 or topk_indices.ndim != 3:
+        return False
+    sq, b, heads, width = query.shape
+    return (
+        query.dtype == key.dtype == torch.bfloat16
+        and key.size(1) == b
+        and key.size(2) == 1
+        and tuple(topk_indices.shape[:2]) == (b, sq)
+        and key.size(3) == width
+        and width in WIDTHS
+        and v_channels == V_CHANNELS
+        and heads > 0
+    )
+
+
+# ---- indices -------------------------------------------------------------------------------
+
+
+def padded_topk(topk: int) -> int:
+    return -(-topk // TOPK_BLOCK) * TOPK_BLOCK
+
+
+def _indices_ready(topk_indices: Any) -> bool:
+    """Already what the kernel takes: int32, top-k a multiple of 64, unsqueeze(2) dense."""
+    return bool(
+        topk_indices.dtype == torch.int32
+        and topk_indices.size(-1) % TOPK_BLOCK == 0
+        and topk_indices.unsqueeze(2).is_contiguous()
+    )
+
+
+def kernel_indices(topk_indices: Any, num_keys: int | None) -> Any:
+    """``[b, sq, topk]`` -> int32 ``[b, sq, topk']``, a view of a dense ``[b, sq, 1, topk']``.
+
+    topk' is the next multiple of 64 and the extra slots are -1, as the vendored function
+    pads them. With ``num_keys`` every index outside ``[0, num_keys)`` becomes -1 as well
+    (index hygiene); without it, values convert as ``.to(torch.int32)`` converts them. On
+    CUDA one fused pass does all of it; the caller's tensor is never written.
+    """
+    b, sq, topk = topk_indices.shape
+    out = torch.empty((b, sq, 1, padded_topk(topk)), dtype=torch.int32, device=topk_indices.device)
+    if not (topk_indices.is_cuda and fused.kernel_indices(topk_indices, out, num_keys)):
+        out[..., topk:].fill_(-1)
+        slots = out[:, :, 0, :topk]
+        slots.copy_(topk_indices)
+        if num_keys is not None:
+            # The range test on the caller's values, before narrowing: an int64 index
+            # past 2**31 must not wrap into a valid int32 one (nor a NaN into anything).
+            slots.masked_fill_(~((topk_indices >= 0) & (topk_indices < num_keys)), -1)
+    return out[:, :, 0]
+
+
+# ---- q and k -------------------------------------------------------------------------------
+
+# Word types a bf16 copy may move instead of 2-byte elements: 16 bytes, else 8.
+_WORDS = (torch.complex128, torch.int64)
+
+
+def _copy(dst: Any, src: Any) -> None:
+    """``dst.copy_(src)``, moved as 16- or 8-byte words where both layouts allow it.
+
+    A strided copy of 2-byte elements runs well below the memory bandwidth on a GPU; the
+    same bytes as words (last stride 1, other strides and the offset multiples of a word)
+    run close to it.
+    """
+    for word in _WORDS:
+        try:
+            dst_words, src_words = dst.view(word), src.view(word)
+        except RuntimeError:
+            continue
+        dst_words.copy_(src_words)
+        return
+    dst.copy_(src)
+
+
+class _ToKernelLayout(torch.autograd.Function):  # type: ignore[misc]
+    """``[s, b, h, 512]`` -> ``[b, s, h, 576]``, the last 64 channels zero, written once.
+
+    The vendored function pads the channels (a copy) and then makes the permuted tensor
+    contiguous (a second copy); here each element is written once, and the backward is
+    one copy of the gradient's first 512 channels back into the caller's layout.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Any) -> Any:
+        s, b, h, d = x.shape
+        buf = x.new_empty((b, s, h, KERNEL_WIDTH))
+        if x.is_cuda and fused.pad_to_kernel_layout(x, buf):
+            return buf
+        buf[..., d:].zero_()
+        _copy(buf[..., :d], x.permute(1, 0, 2, 3))
+        return buf
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> Any:
+        if not ctx.needs_input_grad[0]:
+            return None
+        b, s, h, _ = grad.shape
+        grad_x = grad.new_empty((s, b, h, NOPE_WIDTH))
+        _copy(grad_x.permute(1, 0, 2, 3), grad[..., :NOPE_WIDTH])
+        return grad_x
+
+
+def to_kernel_layout(x: Any) -> Any:
+    """The caller's ``[s, b, h, 512]`` as a ``[s, b, h, 576]`` view of a dense
+    ``[b, s, h, 576]``: the vendored function's ``permute(1, 0, 2, 3).contiguous()`` then
+    returns the kernel's input without copying it."""
+    return _ToKernelLayout.apply(x).permute(1, 0, 2, 3)
+
+
+# ---- the wrappers --------------------------------------------------------------------------
+
+
+def with_index_hygiene(inner: Function) -> Function:
+    def fused_sparse_mla_absorbed(
+        query: Any, key: Any, topk_indices: Any, softmax_scale: float, v_channels: int
+    ) -> Any:
+        if _kernel_bound(query, key, topk_indices, v_channels):
+            topk_indices = kernel_indices(topk_indices, num_keys=key.size(0))
+        return inner(query, key, topk_indices, softmax_scale, v_channels)
+
+    return fused_sparse_mla_absorbed
+
+
+def with_lean_copies(inner: Function) -> Function:
+    def fused_sparse_mla_absorbed(
+        query: Any, key: Any, topk_indices: Any, softmax_scale: float, v_channels: int
+    ) -> Any:
+        if _kernel_bound(query, key, topk_indices, v_channels):
+            # Width 576 needs no padding: the vendored function's one contiguous() copy
+            # is the layout pass. Fewer than 16 heads are padded there too: padding them
+            # here would cost an extra copy of the output and its gradient.
+            if query.size(-1) == NOPE_WIDTH:
+                query, key = to_kernel_layout(query), to_kernel_layout(key)
+            if not _indices_ready(topk_indices):
+                topk_indices = kernel_indices(topk_indices, num_keys=None)
+        return inner(query, key, topk_indices, softmax_scale, v_channels)
+
+    return fused_sparse_mla_absorbed
