@@ -38,6 +38,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -105,7 +106,9 @@ def environment() -> dict[str, Any]:
         ).stdout.strip()
     except OSError:
         env["driver"] = None
-    env["commit"] = _git("rev-parse", "HEAD")
+    # The GPU host gets a copy of the tree without .git: the caller names the commit there,
+    # and sources_sha256 below shows whether the measured files are that commit's.
+    env["commit"] = _git("rev-parse", "HEAD") or os.environ.get("BENCHMARK_COMMIT")
     status = _git("status", "--porcelain", "--untracked-files=no")
     env["commit_dirty"] = None if status is None else bool(status)
     env["sources_sha256"] = {
