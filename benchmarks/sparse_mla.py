@@ -375,8 +375,12 @@ def bench_pieces(x: Inputs, reps: int) -> dict[str, Any]:
             lambda: F.pad(x.idx.unsqueeze(2).to(torch.int32), (0, KERNEL_TOPK - TOPK), value=-1),
             idx_bytes,
         ),
-        "output_layout/upstream": (  # the same in every variant but the kernel alone
+        "output_layout/upstream": (  # the kernel alone leaves the output in [b, s] order
             lambda: out_bshv.permute(1, 0, 2, 3).contiguous(),
+            2 * out_bshv.numel() * 2,
+        ),
+        "output_layout/lean_copies": (
+            lambda: adapter._ToCallerLayout.apply(out_bshv).permute(1, 0, 2, 3).contiguous(),
             2 * out_bshv.numel() * 2,
         ),
     }

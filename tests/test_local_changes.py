@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from backports.megatron import Action, Verdict, apply, cli, status
 from backports.megatron.catalog import MEGATRON_LM_7617
+from backports.megatron.local_changes import _sparse_mla_adapter as adapter
 from backports.megatron.local_changes import wrap_all
 from backports.megatron.local_changes.sparse_mla import INDEX_HYGIENE, LEAN_COPIES
 from backports.megatron.vendored import load_replacement
@@ -178,6 +179,22 @@ def test_index_hygiene_keeps_out_of_range_indices_from_the_kernel(
     assert torch.equal(indices, saved)  # the caller's tensor is not written
 
 
+@pytest.mark.parametrize(
+    "dtype, num_keys", [(torch.int16, 40000), (torch.uint8, 300), (torch.int32, 2**31 - 1)]
+)
+def test_index_hygiene_with_more_keys_than_the_index_dtype_holds(dtype, num_keys):
+    """Every value of a narrow dtype in [0, num_keys) stays, however narrow the dtype.
+    (A GPU run found the plain path turning all of them into -1: torch casts the bound
+    to the indices' dtype, and 40000 wraps negative in int16.)"""
+    info = torch.iinfo(dtype)
+    values = torch.tensor([info.min, -1, 0, 1, info.max - 1, info.max]).clamp(info.min)
+    indices = values.to(dtype).view(1, 1, -1)
+    got = adapter.kernel_indices(indices, num_keys)[0, 0, : values.numel()]
+    inside = (values >= 0) & (values < num_keys)  # in int64, whatever the dtype
+    expect = torch.where(inside, values, -1)
+    assert got.tolist() == expect.tolist()
+
+
 def test_without_index_hygiene_the_kernel_gets_the_bad_index(vendored, fake_kernel):
     """Why the local change exists: upstream hands an index >= sk on as it is."""
     query, key, indices = _inputs(sq=3, sk=11, b=1, heads=16, width=512, topk=65, low=0)
@@ -272,3 +289,83 @@ def test_lean_copies_never_write_more_with_few_heads(vendored, tilelang_dsa, mon
     )
     alone = _bytes_written(vendored, tilelang_dsa, monkeypatch, query, key, indices)
     assert lean[1] <= alone[1] and lean[2] <= alone[2]
+
+
+# ---- the output ----------------------------------------------------------------------------
+
+
+class _Bf16CopiesAfterKernel(TorchDispatchMode):
+    """bf16 elements that copy ops write after the kernel returns (a word copy moves the
+    same bytes as complex128 or int64 and is not counted)."""
+
+    COPIES = frozenset({torch.ops.aten.copy_.default, torch.ops.aten.clone.default})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernel_returned = False
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.kernel_returned and func in self.COPIES and out.dtype == torch.bfloat16:
+            self.elements += out.numel()
+        return out
+
+
+class _KernelTellingMode(FakeSparseMLA):
+    def __init__(self, mode: _Bf16CopiesAfterKernel, module: ModuleType) -> None:
+        super().__init__()
+        self.mode, self.module, self.live_during_call = mode, module, []
+
+    def apply(self, q, kv, indices, scale):
+        self.live_during_call.append(self.module.SparseMLA is self)
+        with torch.utils._python_dispatch._disable_current_modes():
+            result = super().apply(q, kv, indices, scale)
+        self.mode.kernel_returned = True
+        return result
+
+
+@pytest.mark.parametrize("b, heads, width", [(2, 16, 512), (3, 32, 576)])
+def test_lean_copies_return_the_output_without_an_element_wise_copy(
+    vendored, tilelang_dsa, monkeypatch, b, heads, width
+):
+    """Upstream's function makes the kernel's [b, s] output contiguous in [s, b] order,
+    bf16 element by element; under lean copies it arrives in that order, moved as words.
+    The live module's SparseMLA stays what it was during the call (nothing swapped)."""
+    query, key, indices = _inputs(7, 9, b, heads, width, 65, low=0)
+    results = {}
+    for name, function in (("alone", vendored), ("lean", wrap_all(vendored, (LEAN_COPIES,)))):
+        mode = _Bf16CopiesAfterKernel()
+        kernel = _KernelTellingMode(mode, tilelang_dsa)
+        monkeypatch.setattr(tilelang_dsa, "SparseMLA", kernel)
+        with mode:
+            out = function(query, key, indices, SCALE, 512)
+        assert kernel.live_during_call == [True]
+        assert out.shape == (7, b, heads, 512) and out.is_contiguous()
+        results[name] = (out, mode.elements)
+    assert results["alone"][1] == out.numel()  # why the local change exists
+    assert results["lean"][1] == 0
+    assert torch.equal(results["lean"][0], results["alone"][0])
+
+
+def test_lean_copies_keep_the_element_wise_output_copy_with_few_heads(
+    vendored, tilelang_dsa, monkeypatch
+):
+    """Below 16 heads the vendored function drops the padded heads first; a word-order
+    output would be copied twice, so the kernel is seen as it is."""
+    query, key, indices = _inputs(7, 9, 2, 8, 512, 65, low=0)
+    mode = _Bf16CopiesAfterKernel()
+    monkeypatch.setattr(tilelang_dsa, "SparseMLA", _KernelTellingMode(mode, tilelang_dsa))
+    with mode:
+        out = wrap_all(vendored, (LEAN_COPIES,))(query, key, indices, SCALE, 512)
+    assert mode.elements == out.numel()
+
+
+def test_lean_copies_leave_the_vendored_function_and_module_untouched(vendored, fake_kernel):
+    """The caller-layout output comes from a private copy of the vendored function."""
+    live_target = vendored.__globals__["_live_target"]
+    function = wrap_all(vendored, (LEAN_COPIES,))
+    query, key, indices = _inputs(5, 9, 2, 16, 512, 64, low=0)
+    function(query, key, indices, SCALE, 512)
+    assert vendored.__globals__["_live_target"] is live_target
+    assert vendored.__globals__["_live_target"]().SparseMLA is fake_kernel
