@@ -163,8 +163,9 @@ class _ToCallerLayout(torch.autograd.Function):  # type: ignore[misc]
     ``[s, b, h, 512]``, moved in words: the vendored function's ``permute(1, 0, 2, 3)
     .contiguous()`` then returns it without a second, element-wise copy.
 
-    The backward hands the kernel a dense gradient (one word copy), which its own
-    ``contiguous()`` would otherwise make element by element.
+    The backward passes the gradient on as it comes (the ``[b, s]`` view of the caller's
+    gradient), exactly what upstream's permute hands the kernel: a dense copy here would
+    hold a second output-sized tensor at the backward's peak.
     """
 
     @staticmethod
@@ -176,11 +177,7 @@ class _ToCallerLayout(torch.autograd.Function):  # type: ignore[misc]
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> Any:
-        if grad.is_contiguous():
-            return grad
-        dense = grad.new_empty(grad.shape)
-        _copy(dense, grad)
-        return dense
+        return grad
 
 
 class _KernelReturningCallerLayout:
