@@ -106,9 +106,10 @@ def environment() -> dict[str, Any]:
         ).stdout.strip()
     except OSError:
         env["driver"] = None
-    # The GPU host gets a copy of the tree without .git: the caller names the commit there,
-    # and sources_sha256 below shows whether the measured files are that commit's.
-    env["commit"] = _git("rev-parse", "HEAD") or os.environ.get("BENCHMARK_COMMIT")
+    # The GPU host gets a copy of the tree whose own git (if any) is not this checkout's
+    # history: a commit the caller names wins, and sources_sha256 below shows whether the
+    # measured files are that commit's.
+    env["commit"] = os.environ.get("BENCHMARK_COMMIT") or _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no")
     env["commit_dirty"] = None if status is None else bool(status)
     env["sources_sha256"] = {
