@@ -1,49 +1,54 @@
 """Stand-ins for other versions of ``fused_sparse_mla_absorbed``, for the probe's verdicts.
 
-Each reads the kernel from the real megatron-core module at call time, as upstream does.
-They are deliberately small: the probe only watches what reaches the kernel.
+Each is what another megatron-core release would have in the real module: compiled with the
+module's file name and run with the module's own globals, so it reads ``SparseMLA`` and
+``torch`` as module globals exactly as upstream's code does (and as the probe's private
+globals see them). A function defined in this test file instead would be, rightly, a
+foreign replacement to the probe. They are deliberately small: the probe only watches what
+reaches the kernel.
 """
 
 import importlib
-
-import torch
-import torch.nn.functional as F
+import types
+from functools import cache
 
 from tests.conftest import TILELANG_DSA
 
-
-def _module():
-    return importlib.import_module(TILELANG_DSA)
-
-
-def _call_kernel(query, key, topk_indices, softmax_scale, heads):
-    kernel = _module().SparseMLA
+_SOURCE = '''
+def fixed_upstream(query, key, topk_indices, softmax_scale, v_channels):
+    """Behaves like a megatron-core that merged #7617 (pads 512 -> 576 and top-k)."""
+    if SparseMLA is None or query.size(-1) not in (512, 576) or v_channels != 512:
+        return None
+    pad = torch.nn.functional.pad
+    if query.size(-1) == 512:
+        query, key = pad(query, (0, 64)), pad(key, (0, 64))
+    heads = query.size(2)
     q = query.permute(1, 0, 2, 3)
     if heads < 16:
-        q = F.pad(q, (0, 0, 0, 16 - heads))
+        q = pad(q, (0, 0, 0, 16 - heads))
     indices = topk_indices.unsqueeze(2).to(torch.int32)
-    pad = -indices.size(-1) % 64
-    indices = F.pad(indices, (0, pad), value=-1)
-    out, _ = kernel.apply(
+    indices = pad(indices, (0, -indices.size(-1) % 64), value=-1)
+    out, _ = SparseMLA.apply(
         q.contiguous(), key.permute(1, 0, 2, 3).contiguous(), indices, softmax_scale
     )
     return out[:, :, :heads].permute(1, 0, 2, 3).contiguous()
 
 
-def fixed_upstream(query, key, topk_indices, softmax_scale, v_channels):
-    """Behaves like a megatron-core that merged #7617 (pads 512 -> 576 and top-k)."""
-    if _module().SparseMLA is None or query.size(-1) not in (512, 576) or v_channels != 512:
-        return None
-    if query.size(-1) == 512:
-        query, key = F.pad(query, (0, 64)), F.pad(key, (0, 64))
-    return _call_kernel(query, key, topk_indices, softmax_scale, query.size(2))
-
-
 def topk_padding_only(query, key, topk_indices, softmax_scale, v_channels):
     """Like upstream after #7522: unaligned top-k is padded, NoPE width 512 still declined."""
-    if _module().SparseMLA is None or query.size(-1) != 576 or v_channels != 512:
+    if SparseMLA is None or query.size(-1) != 576 or v_channels != 512:
         return None
-    return _call_kernel(query, key, topk_indices, softmax_scale, query.size(2))
+    pad = torch.nn.functional.pad
+    heads = query.size(2)
+    q = query.permute(1, 0, 2, 3)
+    if heads < 16:
+        q = pad(q, (0, 0, 0, 16 - heads))
+    indices = topk_indices.unsqueeze(2).to(torch.int32)
+    indices = pad(indices, (0, -indices.size(-1) % 64), value=-1)
+    out, _ = SparseMLA.apply(
+        q.contiguous(), key.permute(1, 0, 2, 3).contiguous(), indices, softmax_scale
+    )
+    return out[:, :, :heads].permute(1, 0, 2, 3).contiguous()
 
 
 def new_signature(query, key, topk_indices, softmax_scale, v_channels, topk_length=None):
@@ -53,3 +58,27 @@ def new_signature(query, key, topk_indices, softmax_scale, v_channels, topk_leng
 
 def raises(query, key, topk_indices, softmax_scale, v_channels):
     raise RuntimeError("this build is broken")
+'''
+
+NAMES = ("fixed_upstream", "topk_padding_only", "new_signature", "raises")
+
+
+@cache
+def _build() -> dict[str, types.FunctionType]:
+    module = importlib.import_module(TILELANG_DSA)
+    scratch: dict[str, object] = {}
+    exec(compile(_SOURCE, module.__file__, "exec"), scratch)
+    built = {}
+    for name in NAMES:
+        code = scratch[name].__code__
+        function = types.FunctionType(code, vars(module), name, scratch[name].__defaults__)
+        function.__module__ = module.__name__
+        function.__doc__ = scratch[name].__doc__
+        built[name] = function
+    return built
+
+
+def __getattr__(name: str) -> types.FunctionType:
+    if name in NAMES:
+        return _build()[name]
+    raise AttributeError(name)

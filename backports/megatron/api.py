@@ -102,14 +102,19 @@ def _finish(spec: BackportSpec, result: ProbeResult, upstream_only: bool) -> Rep
     """Install on ``needed``; otherwise skip. Records and announces the outcome."""
     evidence = {**result.evidence, **mode_evidence(spec, upstream_only)}
     if result.verdict is Verdict.NEEDED and result.target is not None:
-        replacement = _replacement(spec, result.target.module_name, upstream_only)
         mode = UPSTREAM_ONLY if upstream_only else WITH_LOCAL_CHANGES
-        _, fresh = patcher.install(
-            spec.id, result.target, replacement, markers={"__backport_mode__": mode}
-        )
-        action = Action.INSTALLED if fresh else Action.ALREADY_INSTALLED
-        reason = result.reason + (" [upstream only: no local changes]" if upstream_only else "")
-        report = Report(spec.id, result.verdict, action, reason, evidence)
+        try:
+            replacement = _replacement(spec, result.target.module_name, upstream_only)
+            _, fresh = patcher.install(
+                spec.id, result.target, replacement, markers={"__backport_mode__": mode}
+            )
+        except Exception as exc:  # nothing was rebound (install undoes a partial rebind)
+            reason = f"install failed: {type(exc).__name__}: {exc}"
+            report = Report(spec.id, Verdict.INCOMPATIBLE, Action.SKIPPED, reason, evidence)
+        else:
+            action = Action.INSTALLED if fresh else Action.ALREADY_INSTALLED
+            suffix = " [upstream only: no local changes]" if upstream_only else ""
+            report = Report(spec.id, result.verdict, action, result.reason + suffix, evidence)
     else:
         report = Report(spec.id, result.verdict, Action.SKIPPED, result.reason, evidence)
     _last[spec.id] = report
@@ -128,7 +133,15 @@ def last_report(backport_id: str) -> Report | None:
 
 def is_deferred(spec: BackportSpec) -> bool:
     """Whether an import hook waits to probe and install ``spec`` on the target's import."""
-    return bool(post_import.registered(_hook_key(spec)))
+    return bool(post_import.registered(_hook_key(spec))) and patcher.installed(spec.id) is None
+
+
+def _watch_target(spec: BackportSpec, strict: bool, upstream_only: bool) -> None:
+    """Probe and install on every (re-)import of the target module: the first import of a
+    deferred backport, and a reload or fresh import that put the original back."""
+    for module_name in spec.target.modules:
+        callback = _on_target_import(spec, strict, upstream_only)
+        post_import.register(module_name, _hook_key(spec), callback)
 
 
 def _on_target_import(
@@ -167,9 +180,7 @@ def _apply_one(spec: BackportSpec, strict: bool, upstream_only: bool) -> Report:
     if not loaded:
         # Patch the moment megatron defines the target, not before: importing megatron
         # here would cost the job ~9 s and happen in every process the hook reaches.
-        for module_name in spec.target.modules:
-            callback = _on_target_import(spec, strict, upstream_only)
-            post_import.register(module_name, _hook_key(spec), callback)
+        _watch_target(spec, strict, upstream_only)
         version = early.evidence["distribution"]["version"]
         reason = (
             f"{spec.target.distribution} {version} is not imported yet: the behaviour probe "
@@ -177,7 +188,10 @@ def _apply_one(spec: BackportSpec, strict: bool, upstream_only: bool) -> Report:
         )
         evidence = {**early.evidence, **mode_evidence(spec, upstream_only)}
         return Report(spec.id, Verdict.NEEDED, Action.DEFERRED, reason, evidence)
-    return _finish(spec, probe(spec), upstream_only)
+    report = _finish(spec, probe(spec), upstream_only)
+    if report.action is Action.INSTALLED:
+        _watch_target(spec, strict, upstream_only)
+    return report
 
 
 def apply(
@@ -252,6 +266,11 @@ def revert(only: str | Iterable[str] | None = None) -> list[Report]:
     return reports
 
 
+# Open ``applied()`` blocks per backport id that this module installed for them: the last
+# block to exit reverts, whichever thread it runs in.
+_holders: dict[str, int] = {}
+
+
 @contextmanager
 def applied(
     only: str | Iterable[str] | None = None,
@@ -259,11 +278,28 @@ def applied(
     strict: bool = False,
     upstream_only: bool | None = None,
 ) -> Iterator[list[Report]]:
-    """``apply`` on entry; on exit revert what this block installed or deferred."""
-    reports = apply(only, strict=strict, upstream_only=upstream_only)
-    mine = [r.id for r in reports if r.action in (Action.INSTALLED, Action.DEFERRED)]
+    """``apply`` on entry; on exit revert what this block installed or deferred.
+
+    Overlapping blocks (nested, or in several threads) share what the first installed: it
+    is reverted when the last of them exits, never under another block.
+    """
+    with patcher.lock():
+        reports = apply(only, strict=strict, upstream_only=upstream_only)
+        held = []
+        for report in reports:
+            started = report.action in (Action.INSTALLED, Action.DEFERRED)
+            if started or (report.action is Action.ALREADY_INSTALLED and _holders.get(report.id)):
+                _holders[report.id] = _holders.get(report.id, 0) + 1
+                held.append(report.id)
     try:
         yield reports
     finally:
-        if mine:
-            revert(mine)
+        with patcher.lock():
+            last = []
+            for backport_id in held:
+                _holders[backport_id] -= 1
+                if _holders[backport_id] == 0:
+                    del _holders[backport_id]
+                    last.append(backport_id)
+            if last:
+                revert(last)

@@ -9,7 +9,6 @@ from packaging.version import Version
 
 from .catalog import BackportSpec
 from .git_ancestry import commit_ancestry
-from .patcher import lock
 from .report import Verdict
 from .targets import ResolvedTarget, TargetMissing, resolve_target
 from .vendored import check_integrity, read_upstream
@@ -133,6 +132,10 @@ def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
         "attribute": spec.target.attribute,
         "installed": target.installed is not None,
     }
+    if target.foreign is not None:
+        # Patching over it would silently drop that patch (and the sniff would run it).
+        reason = f"{target.module_name}.{spec.target.attribute} is {target.foreign}"
+        return ProbeResult(Verdict.INCOMPATIBLE, reason, evidence, target)
     problem = _check_shape(spec, target, evidence["upstream"]["reads"])
     if problem is not None:
         return ProbeResult(Verdict.INCOMPATIBLE, problem, evidence, target)
@@ -142,8 +145,7 @@ def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
         None if package_dir is None else Path(package_dir),
         {"merge": upstream["merge_sha"], "head": upstream["head_sha"]},
     )
-    with lock():
-        sniff = spec.sniff(target.module, target.original)
+    sniff = spec.sniff(target.module, target.original)  # never writes the live module
     evidence["behaviour"] = {"fixed": sniff.fixed, **sniff.detail}
     notes = _cross_checks(spec, sniff.fixed, evidence)
     suffix = f" (disagrees: {'; '.join(notes)})" if notes else ""

@@ -2,6 +2,7 @@
 
 import importlib
 import inspect
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,9 @@ class ResolvedTarget:
     attribute: str
     original: Callable[..., Any]
     installed: Callable[..., Any] | None
+    # Why ``original`` is someone else's replacement rather than the module's own function
+    # (a wrapper, or code from another file), or None.
+    foreign: str | None = None
 
     @property
     def module_name(self) -> str:
@@ -43,6 +47,32 @@ def _unwrap(function: Callable[..., Any], backport_id: str) -> tuple[Any, Any]:
     return function, None
 
 
+def _source_file(path: str | None) -> str | None:
+    return os.path.realpath(path) if path else None
+
+
+def _foreign(original: Callable[..., Any], defining: ModuleType) -> str | None:
+    """Why ``original`` is not the defining module's own function, or None.
+
+    Another patch in place shows as a wrapper (``__wrapped__``, as ``functools.wraps``
+    leaves it) or as code compiled from another file than the module's source.
+    """
+    name = f"{getattr(original, '__module__', '?')}.{getattr(original, '__qualname__', '?')}"
+    wrapped = getattr(original, "__wrapped__", None)
+    if wrapped is not None:
+        # functools.wraps copies the wrapped function's names: its code says who it is.
+        code = getattr(original, "__code__", None)
+        who = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})" if code else name
+        return f"already wrapped by another patch: {who} wraps {name}"
+    module_file = getattr(defining, "__file__", None)
+    if not module_file or not module_file.endswith(".py"):
+        return None  # no source to compare with (a sourceless or built-in module)
+    code_file = original.__code__.co_filename
+    if _source_file(code_file) != _source_file(module_file):
+        return f"already replaced by another patch: {name} is defined in {code_file}"
+    return None
+
+
 def _resolve_in(module: ModuleType, target: Target, backport_id: str) -> ResolvedTarget | None:
     # getattr, not vars(): a PEP 562 forwarder hands out the function of the new module.
     function = getattr(module, target.attribute, None)
@@ -57,7 +87,14 @@ def _resolve_in(module: ModuleType, target: Target, backport_id: str) -> Resolve
     bound = vars(defining).get(target.attribute)
     if bound is None or (bound is not original and bound is not installed):
         defining = module
-    return ResolvedTarget(module.__name__, defining, target.attribute, original, installed)
+    return ResolvedTarget(
+        module.__name__,
+        defining,
+        target.attribute,
+        original,
+        installed,
+        _foreign(original, defining),
+    )
 
 
 def find_loaded_target(target: Target, backport_id: str) -> ResolvedTarget | None:

@@ -12,6 +12,7 @@ from typing import Any
 from packaging.version import Version
 
 from ..local_changes.sparse_mla import INDEX_HYGIENE, LEAN_COPIES
+from ..private_globals import with_globals
 from .spec import BackportSpec, SniffResult, Target, VendoredRef
 
 __all__ = ["SPEC"]
@@ -49,15 +50,12 @@ def _sniff_call(
     indices[:, 0, 0] = 0
     indices[:, 1, :2] = torch.tensor([0, 1])
 
-    namespace = vars(module)
-    if "SparseMLA" not in namespace:
+    if "SparseMLA" not in vars(module):
         raise _SniffFailed(f"{module.__name__} has no SparseMLA to stand in for")
-    saved = namespace["SparseMLA"]
-    namespace["SparseMLA"] = _RecordingKernel
-    try:
-        out = function(query, key, indices, 0.125, 512)
-    finally:
-        namespace["SparseMLA"] = saved
+    # A private copy of the function sees the recorder; the live module never does, so a
+    # thread calling the attention meanwhile gets the real kernel.
+    recording = with_globals(function, {"SparseMLA": _RecordingKernel})
+    out = recording(query, key, indices, 0.125, 512)
     return {
         "width": width,
         "topk": topk,

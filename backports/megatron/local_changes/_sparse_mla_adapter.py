@@ -6,12 +6,12 @@ returns a function of the same signature. It prepares only calls the kernel can 
 every fallback (None) decision stays upstream's.
 """
 
-import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from ..private_globals import LIVE_TARGET, with_globals
 from . import _sparse_mla_triton as fused
 
 __all__ = ["kernel_indices", "to_kernel_layout", "with_index_hygiene", "with_lean_copies"]
@@ -208,27 +208,15 @@ class _TargetSeenByVendored:
         return value
 
 
-# The vendored text reads the target module's globals through this function (hand-written
-# and synced files alike: tools/sync_rewrite.py writes it), which is what lets a private
-# copy of the function see the kernel through ``_TargetSeenByVendored``.
-LIVE_TARGET = "_live_target"
-
-
 def _reading_kernel_output_in_caller_layout(inner: Function) -> Function:
     """A copy of the vendored function whose ``_live_target()`` is ``_TargetSeenByVendored``;
-    ``inner`` itself where it does not read its target that way."""
+    ``inner`` itself where it does not read its target through ``_live_target()``."""
     code = getattr(inner, "__code__", None)
-    namespace: dict[str, Any] = getattr(inner, "__globals__", None) or {}
-    live_target = namespace.get(LIVE_TARGET)
+    live_target = getattr(inner, "__globals__", {}).get(LIVE_TARGET)
     if code is None or not callable(live_target) or LIVE_TARGET not in code.co_names:
         return inner
     seen = _TargetSeenByVendored(live_target)
-    private = {**namespace, LIVE_TARGET: lambda: seen}  # the module's own dict is untouched
-    copy = types.FunctionType(code, private, inner.__name__, inner.__defaults__, inner.__closure__)
-    copy.__kwdefaults__ = inner.__kwdefaults__
-    copy.__dict__.update(inner.__dict__)
-    copy.__qualname__, copy.__module__ = inner.__qualname__, inner.__module__
-    return copy
+    return with_globals(inner, {LIVE_TARGET: lambda: seen})
 
 
 # ---- the wrappers --------------------------------------------------------------------------
