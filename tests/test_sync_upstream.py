@@ -4,7 +4,10 @@ Every upstream here is written by the test, not copied from Megatron-LM: a base 
 an unfixed ``tilelang_dsa.py``, the pull request's head commit with the fix (reachable only
 through ``refs/pull/7617/head``, as after a squash-merge), the squash-merge on ``main``,
 and a later commit that moves the module under ``megatron/core/ops/`` and leaves a PEP 562
-forwarder at the old path.
+forwarder at the old path. The fix is written the way the pull request writes it (F.pad,
+``permute(1, 0, 2, 3).contiguous()``, ``.to(torch.int32)``, top-k padded with -1 by F.pad,
+heads padded to 16) and without this project's local changes (no index hygiene), so a
+sync brings in what upstream's text would, and the local changes must survive it.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ import importlib.util
 import io
 import os
 import shutil
+import signal
+import stat
 import subprocess
 import sys
 import tomllib
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +39,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import sync_upstream  # noqa: E402
 
+from backports.megatron.catalog import MEGATRON_LM_7617  # noqa: E402
+
 BACKPORT = "megatron-lm-7617"
 OLD_PATH = "megatron/core/transformer/experimental_attention_variant/ops/tilelang_dsa.py"
 NEW_PATH = "megatron/core/ops/attention/dsa/kernels/tilelang_dsa.py"
@@ -47,6 +54,7 @@ MODULE_HEAD = '''\
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 try:
     from megatron.core.transformer.experimental_attention_variant.ops.sparse_mla import SparseMLA
@@ -107,9 +115,13 @@ UNFIXED_FUNCTION = (
 '''
 )
 
-# The pull request's function, with ``@@`` where a module global is read. Upstream has
-# the bare names; the vendored copy must have ``_live_target().`` there and nowhere else
-# (not in the docstring, the comments or the strings that mention the same names).
+# The pull request's function as upstream writes it, with ``@@`` where a module global is
+# read. Upstream has the bare names; the vendored copy must have ``_live_target().`` there
+# and nowhere else (not in the docstring, the comments or the strings that mention the same
+# names). Written for these tests from #7617's behaviour: F.pad for width 512 -> 576, then
+# ``permute(1, 0, 2, 3).contiguous()``, ``.to(torch.int32)``, top-k padded with -1 by F.pad,
+# fewer than 16 heads padded. Out-of-range indices go to the kernel as they are: mapping
+# them to -1 is this project's local change "index-hygiene", not upstream's.
 FIXED_TEMPLATE = (
     SIGNATURE
     + '''\
@@ -121,46 +133,43 @@ FIXED_TEMPLATE = (
         return None  # no TileLang: the caller's dense path
     if query.ndim != 4 or key.ndim != 4 or topk_indices.ndim != 3:
         return None
-    if not @@_all_bfloat16(query, key) or key.size(2) != 1:
+    if not @@_all_bfloat16(query, key):
         return None
-    sq, batch, heads, width = query.shape
-    sk, topk = key.size(0), topk_indices.size(-1)
-    if key.size(1) != batch or tuple(topk_indices.shape[:2]) != (batch, sq):
+    if key.size(2) != 1:
         return None
-    if key.size(-1) != width or width not in (512, 576) or v_channels != 512:
+    if query.size(1) != key.size(1) or topk_indices.size(0) != query.size(1):
         return None
-    if topk_indices.dtype not in (torch.int16, torch.int32, torch.int64):
+    if topk_indices.size(1) != query.size(0):
         return None
-    if min(sq, sk, topk, heads) <= 0:
+    if query.size(-1) != key.size(-1):
         return None
-    kernel_heads = max(heads, 16)
-    if not @@_is_supported_sparse_mla_head_count(kernel_heads, kv_group=key.size(2)):
+    if query.size(-1) not in (512, 576) or v_channels != 512:
+        return None
+    num_heads = query.size(2)
+    padded_heads = max(num_heads, 16)
+    if not @@_is_supported_sparse_mla_head_count(padded_heads, kv_group=key.size(2)):
         return None
 
-    # NoPE: the zero channels 512..575 add nothing to q.k, so softmax_scale passes
-    # through unchanged. Heads are padded to the kernel's 16-head tile.
-    extra = 576 - width
-    q = torch.nn.functional.pad(query, (0, extra, 0, kernel_heads - heads))
-    kv = torch.nn.functional.pad(key, (0, extra))
+    if query.size(-1) == 512:
+        # NoPE: "SparseMLA" is built for 576 channels. The zero channels add nothing to
+        # q.k, so softmax_scale passes through unchanged.
+        query = F.pad(query, (0, 64))
+        key = F.pad(key, (0, 64))
 
-    # -1 is the kernel's only empty slot: pad top-k to 64 with it, and make every index
-    # outside [0, sk) one too ("SparseMLA" checks no upper bound).
-    blocks = -(-topk // 64) * 64
-    indices = torch.full(
-        (batch, sq, 1, blocks), -1, dtype=torch.int32, device=topk_indices.device
-    )
-    in_range = (topk_indices >= 0) & (topk_indices < sk)
-    indices[:, :, 0, :topk] = torch.where(in_range, topk_indices, -1).to(torch.int32)
+    q = query.permute(1, 0, 2, 3).contiguous()
+    if padded_heads != num_heads:
+        # The kernel's head tile is 16: pad, and drop the extra heads from the output.
+        q = F.pad(q, (0, 0, 0, padded_heads - num_heads))
+    kv = key.permute(1, 0, 2, 3).contiguous()
+    indices = topk_indices.unsqueeze(2).to(torch.int32)
+    if indices.size(-1) % 64:
+        # The kernel walks top-k in blocks of 64; -1 marks an empty slot.
+        indices = F.pad(indices, (0, 64 - indices.size(-1) % 64), value=-1)
+    indices = indices.contiguous()
 
-    out, _ = @@SparseMLA.apply(
-        q.permute(1, 0, 2, 3).contiguous(),
-        kv.permute(1, 0, 2, 3).contiguous(),
-        indices,
-        softmax_scale,
-    )
-    if out.ndim != 4 or out.size(2) != kernel_heads or out.size(-1) != v_channels:
-        return None
-    return out[:, :, :heads].permute(1, 0, 2, 3).contiguous()
+    out, _ = @@SparseMLA.apply(q, kv, indices, softmax_scale)
+    out = out[:, :, :num_heads]
+    return out.permute(1, 0, 2, 3).contiguous()
 '''
 )
 FIXED_FUNCTION = FIXED_TEMPLATE.replace("@@", "")
@@ -325,6 +334,25 @@ def vendored_text(vendor: Path) -> str:
     return (vendor / "megatron_lm_7617" / "tilelang_dsa.py").read_text(encoding="utf-8")
 
 
+def folder_digest(folder: Path) -> str:
+    """files_sha256 as UPSTREAM.toml documents it, computed here: per .py file of the folder,
+    sorted by name, ``name NUL sha256-hex LF``; the sha256 of all of that."""
+    lines = sorted(
+        f"{path.name}\0{hashlib.sha256(path.read_bytes()).hexdigest()}\n"
+        for path in folder.glob("*.py")
+    )
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def visible(folder: Path) -> dict[str, bytes]:
+    """snapshot() without the hidden folders a sync stages in or sets aside."""
+    return {k: v for k, v in snapshot(folder).items() if not k.startswith(".")}
+
+
+def hidden(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+
+
 def sync_pr_head(tool: Tool, upstream: Upstream, *extra: str) -> Run:
     args = ("--sha", upstream.pr_head[:7], "--pr", "7617", "--repo", str(upstream.path))
     return tool("--backport", BACKPORT, *args, *extra)
@@ -349,7 +377,8 @@ def test_sync_writes_the_upstream_function_with_live_reads(tool: Tool, upstream:
     # mention the same names included), with only the global reads made live.
     assert text.endswith("\n\n\n" + FIXED_LIVE)
     compile(text, "tilelang_dsa.py", "exec", dont_inherit=True)
-    assert "from typing import Optional\nimport torch\n" in text
+    assert "from typing import Optional\nimport torch\nimport torch.nn.functional as F\n" in text
+    assert "F.pad(" in text and "_live_target().F" not in text  # an import, repeated
 
 
 def test_header_names_repo_pr_sha_path_and_symbol(tool: Tool, upstream: Upstream) -> None:
@@ -372,6 +401,7 @@ def test_manifest_records_the_sync(tool: Tool, upstream: Upstream, vendor: Path)
     after = manifest(vendor)
     data = (vendor / "megatron_lm_7617" / "tilelang_dsa.py").read_bytes()
     assert after["sha256"] == hashlib.sha256(data).hexdigest()
+    assert after["files_sha256"] == folder_digest(vendor / "megatron_lm_7617")
     assert after["upstream_sha256"] == hashlib.sha256(FIXED_FUNCTION.encode()).hexdigest()
     assert after["origin"] == "synced"
     assert after["synced_sha"] == upstream.pr_head
@@ -478,6 +508,56 @@ def test_synced_function_reads_the_live_target_module(
     assert vendored.fused_sparse_mla_absorbed(query, key, topk, 0.5, 512) is None
 
 
+def test_a_sync_names_the_local_changes_it_kept(tool: Tool, upstream: Upstream) -> None:
+    """They live outside vendor/ and wrap whatever function is vendored: one line each."""
+    run = sync_pr_head(tool, upstream)
+    assert run.code == 0, run.err
+    kept = [line for line in run.out.splitlines() if line.startswith("kept local change")]
+    declared = MEGATRON_LM_7617.local_changes  # the catalog entry, outside vendor/
+    assert [change.name for change in declared] == ["index-hygiene", "lean-copies"]
+    assert kept == [f"kept local change {change.name}: {change.reason}" for change in declared]
+    assert "kept local change" in sync_pr_head(tool, upstream).out  # nothing new: still said
+
+
+def test_the_pull_request_alone_syncs_its_head(
+    tool: Tool, upstream: Upstream, vendor: Path
+) -> None:
+    """``--pr`` without ``--sha``, as --help says: refs/pull/N/head's commit."""
+    run = tool("--backport", BACKPORT, "--pr", "7617", "--repo", str(upstream.path))
+    assert run.code == 0, run.err
+    assert manifest(vendor)["synced_sha"] == upstream.pr_head
+    assert vendored_text(vendor).endswith("\n\n\n" + FIXED_LIVE)
+
+
+def test_upstream_toml_keeps_its_comments_and_key_order(
+    tool: Tool, upstream: Upstream, vendor: Path
+) -> None:
+    path = vendor / "megatron_lm_7617" / "UPSTREAM.toml"
+    before = path.read_text()
+    edited = before.replace(
+        'head_sha = "3d07347"', '# the SHAs upstream gave\nhead_sha = "3d07347"'
+    )
+    edited = edited.replace("pr = 7617", "pr = 7617  # NVIDIA/Megatron-LM#7617")
+    path.write_text(edited)
+    old_keys = list(tomllib.loads(edited))
+    assert sync_pr_head(tool, upstream).code == 0
+    text = path.read_text()
+    assert "# the SHAs upstream gave\nhead_sha = " in text
+    assert "pr = 7617  # NVIDIA/Megatron-LM#7617\n" in text
+    assert text.startswith(before.split("\nid = ")[0])  # the leading comment block
+    new_keys = list(tomllib.loads(text))
+    assert new_keys[: len(old_keys)] == old_keys  # kept in place, new keys after
+
+
+def test_the_tool_is_executable() -> None:
+    path = ROOT / "tools" / "sync_upstream.py"
+    assert path.read_text().startswith("#!/usr/bin/env python3\n")
+    assert path.stat().st_mode & stat.S_IXUSR
+    if (ROOT / ".git").exists():  # the mode git records, which a fresh clone gets
+        mode = git.Repo(ROOT).git.ls_files("-s", "tools/sync_upstream.py").split()[0]
+        assert mode == "100755"
+
+
 # --- where the source comes from ----------------------------------------------------------
 
 
@@ -561,12 +641,44 @@ def test_check_passes_on_a_clean_sync_and_names_a_hand_edit(
 ) -> None:
     assert sync_pr_head(tool, upstream).code == 0
     clean = tool("--check")
-    assert clean.code == 0 and "ok: 1 vendored file(s)" in clean.out
+    assert clean.code == 0 and "ok: 1 vendored folder(s)" in clean.out
     path = vendor / "megatron_lm_7617" / "tilelang_dsa.py"
     path.write_text(path.read_text().replace("return None  # no TileLang", "return None  #"))
     edited = tool("--check")
     assert edited.code == 1
     assert "drifted: vendor/megatron_lm_7617/tilelang_dsa.py" in edited.out
+
+
+@pytest.mark.parametrize("name", ["__init__.py", "extra.py"])
+def test_check_covers_every_py_file_of_the_folder(tool: Tool, vendor: Path, name: str) -> None:
+    """An edit to a module the loader may import, other than the named file, is drift."""
+    assert tool("--check").code == 0
+    path = vendor / "megatron_lm_7617" / name
+    path.write_text((path.read_text() if path.exists() else "") + "# edited\n")
+    run = tool("--check")
+    assert run.code == 1
+    assert "drifted: vendor/megatron_lm_7617/*.py (files_sha256 " in run.out
+    assert "drifted: vendor/megatron_lm_7617/tilelang_dsa.py" not in run.out
+
+
+def test_check_refuses_a_file_key_pointed_at_another_file(tool: Tool, vendor: Path) -> None:
+    """``file`` at __init__.py with that file's hash, tilelang_dsa.py edited: drift."""
+    folder = vendor / "megatron_lm_7617"
+    path = folder / "UPSTREAM.toml"
+    init_hash = hashlib.sha256((folder / "__init__.py").read_bytes()).hexdigest()
+    text = path.read_text().replace('file = "tilelang_dsa.py"', 'file = "__init__.py"')
+    path.write_text(text.replace(manifest(vendor)["sha256"], init_hash))
+    (folder / "tilelang_dsa.py").write_text(vendored_text(vendor) + "# edited\n")
+    run = tool("--check")
+    assert run.code == 1 and "drifted: vendor/megatron_lm_7617/*.py" in run.out
+
+
+def test_check_names_a_manifest_without_files_sha256(tool: Tool, vendor: Path) -> None:
+    path = vendor / "megatron_lm_7617" / "UPSTREAM.toml"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(line for line in lines if not line.startswith("files_sha256")))
+    run = tool("--check")
+    assert run.code == 1 and "has no files_sha256" in run.out
 
 
 def test_check_names_a_missing_vendored_file(tool: Tool, vendor: Path) -> None:
@@ -584,7 +696,7 @@ def test_check_on_this_repository_as_ci_runs_it() -> None:
         check=False,
     )
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "ok: 1 vendored file(s) match their UPSTREAM.toml" in run.stdout
+    assert "ok: 1 vendored folder(s) match their UPSTREAM.toml" in run.stdout
 
 
 def test_the_script_reports_an_error_with_status_2(tmp_path: Path) -> None:
@@ -606,6 +718,44 @@ def test_the_script_reports_an_error_with_status_2(tmp_path: Path) -> None:
     )
     assert run.returncode == 2
     assert "sync_upstream.py: error: --sha must be 4 to 40 hex digits" in run.stderr
+
+
+# --- --rehash -----------------------------------------------------------------------------
+
+
+def test_rehash_records_a_handwritten_folder_as_it_is(tool: Tool, vendor: Path) -> None:
+    folder = vendor / "megatron_lm_7617"
+    assert tool("--backport", BACKPORT, "--rehash").out.endswith("nothing written\n")
+    init = folder / "__init__.py"
+    init.write_text(init.read_text() + "# a docstring fix\n")
+    (folder / "tilelang_dsa.py").write_text(vendored_text(vendor) + "# reworded\n")
+    assert tool("--check").code == 1
+    before = manifest(vendor)
+    dry = tool("--backport", BACKPORT, "--rehash", "--dry-run")
+    assert dry.code == 0 and "+files_sha256 = " in dry.out and manifest(vendor) == before
+    run = tool("--backport", BACKPORT, "--rehash")
+    assert run.code == 0, run.err
+    assert "wrote UPSTREAM.toml in vendor/megatron_lm_7617/" in run.out
+    after = manifest(vendor)
+    assert after["sha256"] == hashlib.sha256((folder / "tilelang_dsa.py").read_bytes()).hexdigest()
+    assert after["files_sha256"] == folder_digest(folder)
+    changed = {key for key in after if after[key] != before[key]}
+    assert changed == {"sha256", "files_sha256"}  # nothing else: not a sync
+    assert tool("--check").code == 0
+
+
+def test_this_repositorys_handwritten_folder_is_rehashed() -> None:
+    """The committed hashes are what the tool records (no hand-edited hash)."""
+    data = tomllib.loads((ROOT / "vendor" / "megatron_lm_7617" / "UPSTREAM.toml").read_text())
+    assert data["origin"] == "handwritten"
+    assert data["files_sha256"] == folder_digest(ROOT / "vendor" / "megatron_lm_7617")
+
+
+def test_rehash_refuses_synced_code(tool: Tool, upstream: Upstream, vendor: Path) -> None:
+    assert sync_pr_head(tool, upstream).code == 0
+    path = vendor / "megatron_lm_7617" / "tilelang_dsa.py"
+    path.write_text(path.read_text() + "# a local tweak\n")
+    expect_error(tool, vendor, "--backport", BACKPORT, "--rehash", says="re-sync synced code")
 
 
 # --- errors: a clear message, status 2, nothing written -----------------------------------
@@ -690,13 +840,88 @@ def test_an_ambiguous_short_sha(tool: Tool, vendor: Path, upstream: Upstream) ->
     expect_error(tool, vendor, *args, says=f"{prefix} is ambiguous in {upstream.path}")
 
 
-def test_an_unreachable_repo(tool: Tool, vendor: Path, tmp_path: Path) -> None:
+def clones(cache_home: Path) -> list[Path]:
+    return sorted((cache_home / "megatron-backports" / "upstream").glob("*.git"))
+
+
+# What git says about a path that is no repository, every sentence of it (git 2.x).
+NOT_A_REPO = (
+    "'{path}' does not appear to be a git repository. Could not read from remote "
+    "repository. Please make sure you have the correct access rights and the repository "
+    "exists."
+)
+
+
+def test_an_unreachable_repo(tool: Tool, vendor: Path, tmp_path: Path, cache_home: Path) -> None:
     nowhere = str(tmp_path / "nowhere")
+    reason = NOT_A_REPO.format(path=nowhere)
     for sha in ("3d07347", "3d07347" + "0" * 33):
         args = ("--backport", BACKPORT, "--sha", sha, "--repo", nowhere)
-        expect_error(tool, vendor, *args, says=f"cannot fetch from {nowhere}")
+        run = expect_error(tool, vendor, *args, says=f"cannot fetch from {nowhere}: {reason}")
+        assert run.err.count("\n") == 1
     args = ("--backport", BACKPORT, "--sha", "3d07347", "--pr", "7617", "--repo", nowhere)
-    expect_error(tool, vendor, *args, says=f"cannot fetch refs/pull/7617/head from {nowhere}")
+    says = f"cannot fetch refs/pull/7617/head from {nowhere}: {reason}"
+    expect_error(tool, vendor, *args, says=says)
+    assert clones(cache_home) == []  # no empty clone left behind
+
+
+def test_the_script_gives_gits_whole_reason_in_one_line(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tools" / "sync_upstream.py"),
+            "--backport",
+            BACKPORT,
+            "--pr",
+            "7617",
+            "--repo",
+            "/nonexistent",
+            "--vendor-dir",
+            str(ROOT / "vendor"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)},
+    )
+    assert run.returncode == 2
+    reason = NOT_A_REPO.format(path="/nonexistent")
+    says = f"sync_upstream.py: error: cannot fetch refs/pull/7617/head from /nonexistent: {reason}"
+    assert run.stderr == says + "\n"
+    assert clones(tmp_path) == []
+
+
+def test_a_failed_fetch_into_an_existing_clone_keeps_it(
+    tool: Tool, vendor: Path, upstream: Upstream, cache_home: Path
+) -> None:
+    assert sync_pr_head(tool, upstream, "--dry-run").code == 0
+    (clone,) = clones(cache_home)
+    args = ("--backport", BACKPORT, "--pr", "9999", "--repo", str(upstream.path))
+    expect_error(tool, vendor, *args, says="cannot fetch refs/pull/9999/head")
+    assert clones(cache_home) == [clone]
+
+
+def test_an_interrupted_fetch_leaves_no_empty_clone(
+    tool: Tool, vendor: Path, upstream: Upstream, cache_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(repo: Any, *refspecs: str) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sync_upstream, "_git_fetch", interrupted)
+    run = expect_error(
+        tool, vendor, *sync_args(upstream), says="sync_upstream.py: error: interrupted"
+    )
+    assert run.err.count("\n") == 1 and "nothing written" in run.err
+    assert clones(cache_home) == []
+
+
+def test_an_unknown_sha_keeps_the_fetched_clone(
+    tool: Tool, vendor: Path, upstream: Upstream, cache_home: Path
+) -> None:
+    """A fetch that worked is worth keeping: the next sync needs no network for it."""
+    args = ("--backport", BACKPORT, "--sha", "deadbeef", "--repo", str(upstream.path))
+    expect_error(tool, vendor, *args, says="no commit deadbeef")
+    assert len(clones(cache_home)) == 1
 
 
 def test_a_pull_request_that_does_not_exist(tool: Tool, vendor: Path, upstream: Upstream) -> None:
@@ -767,6 +992,8 @@ def test_an_unusable_source(tool: Tool, vendor: Path, upstream: Upstream, case: 
         ("--check", "--dry-run"),
         ("--backport", BACKPORT),
         ("--sha", "3d07347"),
+        ("--backport", BACKPORT, "--rehash", "--sha", "3d07347"),
+        ("--check", "--rehash"),
     ],
 )
 def test_usage_errors(tool: Tool, vendor: Path, args: tuple[str, ...]) -> None:
@@ -776,35 +1003,169 @@ def test_usage_errors(tool: Tool, vendor: Path, args: tuple[str, ...]) -> None:
     assert snapshot(vendor) == before
 
 
+@pytest.mark.parametrize(
+    "error, says",
+    [
+        (PermissionError(13, "Permission denied"), "[Errno 13] Permission denied; nothing written"),
+        (ValueError("a bug\nover two lines"), "unexpected ValueError: a bug over two lines"),
+    ],
+)
+def test_any_other_error_is_one_line_with_status_2(
+    tool: Tool,
+    vendor: Path,
+    upstream: Upstream,
+    monkeypatch: pytest.MonkeyPatch,
+    error: Exception,
+    says: str,
+) -> None:
+    def fail(*args: Any) -> None:
+        raise error
+
+    monkeypatch.setattr(sync_upstream, "render_vendored", fail)
+    run = expect_error(tool, vendor, *sync_args(upstream), says=says)
+    assert run.err == f"sync_upstream.py: error: {says}\n"
+
+
 def test_a_non_positive_pr(tool: Tool, vendor: Path, upstream: Upstream) -> None:
     args = ("--backport", BACKPORT, "--sha", upstream.pr_head, "--pr", "0")
     expect_error(tool, vendor, *args, says="--pr must be a positive")
 
 
+# --- both files or neither ----------------------------------------------------------------
+
+
+def sync_args(upstream: Upstream) -> tuple[str, ...]:
+    return ("--backport", BACKPORT, "--sha", upstream.merge, "--repo", str(upstream.path))
+
+
 @pytest.fixture
-def no_rename(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    def fail(src: Any, dst: Any) -> None:
-        raise OSError(28, "No space left on device")
+def synced_elsewhere(tmp_path: Path, upstream: Upstream, vendor: Path) -> dict[str, bytes]:
+    """What vendor/ holds after an uninterrupted sync (run on a second copy of it)."""
+    other = tmp_path / "vendor-uninterrupted"
+    shutil.copytree(vendor, other)
+    assert sync_upstream.main([*sync_args(upstream), "--vendor-dir", str(other)]) == 0
+    return visible(other)
 
-    monkeypatch.setattr(os, "replace", fail)
-    yield
+
+class FailAt:
+    """Make the ``n``-th write or rename under ``vendor`` raise ``error`` (0-based)."""
+
+    def __init__(self, vendor: Path, n: int, error: BaseException) -> None:
+        self.vendor, self.n, self.error, self.seen = str(vendor), n, error, 0
+        self.real_rename, self.real_write = os.rename, sync_upstream.write_file
+
+    def _step(self, *paths: Any) -> None:
+        if any(str(path).startswith(self.vendor) for path in paths):
+            self.seen += 1
+            if self.seen - 1 == self.n:
+                raise self.error
+
+    def rename(self, src: Any, dst: Any) -> None:
+        self._step(src, dst)
+        self.real_rename(src, dst)
+
+    def write_file(self, path: Path, text: str) -> None:
+        self._step(path)
+        self.real_write(path, text)
 
 
-def test_a_failed_write_leaves_the_old_file_and_no_temporary(
-    upstream: Upstream, vendor: Path, no_rename: None
+# A sync's steps under vendor/: write the staged file, write the staged UPSTREAM.toml,
+# move the folder aside, move the staged copy in.
+STEPS = 4
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"), KeyboardInterrupt()])
+@pytest.mark.parametrize("step", range(STEPS))
+def test_an_interrupted_sync_leaves_the_old_pair(
+    tool: Tool,
+    upstream: Upstream,
+    vendor: Path,
+    synced_elsewhere: dict[str, bytes],
+    monkeypatch: pytest.MonkeyPatch,
+    step: int,
+    error: BaseException,
 ) -> None:
-    before = snapshot(vendor)
-    with pytest.raises(OSError, match="No space"):
-        sync_upstream.main(
-            [
-                "--backport",
-                BACKPORT,
-                "--sha",
-                upstream.merge,
-                "--repo",
-                str(upstream.path),
-                "--vendor-dir",
-                str(vendor),
-            ]
-        )
-    assert snapshot(vendor) == before
+    before = visible(vendor)
+    fail = FailAt(vendor, step, error)
+    monkeypatch.setattr(os, "rename", fail.rename)
+    monkeypatch.setattr(sync_upstream, "write_file", fail.write_file)
+    run = tool(*sync_args(upstream))
+    assert fail.seen > step  # it really failed at that step
+    assert run.code == 2 and run.err.count("\n") == 1, run.err
+    assert run.err.startswith("sync_upstream.py: error: ")
+    assert "Traceback" not in run.err
+    word = "interrupted" if isinstance(error, KeyboardInterrupt) else "No space left"
+    assert word in run.err
+    assert visible(vendor) == before and hidden(vendor) == []
+    monkeypatch.undo()
+    assert tool(*sync_args(upstream)).code == 0
+    assert visible(vendor) == synced_elsewhere
+
+
+def test_a_swap_that_cannot_put_the_old_folder_back_is_repaired_by_the_next_run(
+    tool: Tool,
+    upstream: Upstream,
+    vendor: Path,
+    synced_elsewhere: dict[str, bytes],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Killed between the two renames, in effect: the folder is set aside, not back."""
+    before = visible(vendor)
+    real = os.rename
+    renames: list[str] = []
+
+    def rename(src: Any, dst: Any) -> None:
+        renames.append(Path(src).name)
+        if len(renames) > 1:
+            raise OSError(5, "Input/output error")
+        real(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    run = tool(*sync_args(upstream))
+    monkeypatch.undo()
+    assert run.code == 2 and run.err.count("\n") == 1, run.err
+    aside = vendor / ".megatron_lm_7617.sync-old"
+    assert f"it is {aside}; the next run puts it back" in run.err
+    assert not (vendor / "megatron_lm_7617").exists()
+    check = tool("--check")  # read-only: it names the leftover and fails
+    assert check.code == 1 and "leftover: .megatron_lm_7617.sync-old" in check.out
+    dry = tool(*sync_args(upstream), "--dry-run")
+    assert "note: .megatron_lm_7617.sync-old is left by a killed sync" in dry.out
+    assert not (vendor / "megatron_lm_7617").exists()  # a dry run writes nothing
+    again = tool(*sync_args(upstream))
+    assert again.code == 0, again.err
+    assert "note: put megatron_lm_7617/ back from .megatron_lm_7617.sync-old" in again.out
+    assert visible(vendor) == synced_elsewhere and hidden(vendor) == []
+    assert before != synced_elsewhere
+
+
+@pytest.mark.parametrize("leftover", [".megatron_lm_7617.sync-old", ".megatron_lm_7617.sync-new-x"])
+def test_leftovers_of_a_finished_sync_are_removed(
+    tool: Tool, upstream: Upstream, vendor: Path, leftover: str
+) -> None:
+    shutil.copytree(vendor / "megatron_lm_7617", vendor / leftover)
+    assert tool(*sync_args(upstream)).code == 0
+    assert hidden(vendor) == []
+    assert manifest(vendor)["synced_sha"] == upstream.merge
+
+
+def test_ctrl_c_during_the_swap_is_held_until_both_files_are_in(
+    tool: Tool,
+    upstream: Upstream,
+    vendor: Path,
+    synced_elsewhere: dict[str, bytes],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = os.rename
+
+    def rename(src: Any, dst: Any) -> None:
+        if Path(src).name == "megatron_lm_7617":  # the folder is being set aside
+            signal.raise_signal(signal.SIGINT)
+        real(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+    run = tool(*sync_args(upstream))
+    assert run.code == 2 and run.err.count("\n") == 1, run.err
+    assert "interrupted after the swap: wrote tilelang_dsa.py and UPSTREAM.toml" in run.err
+    assert visible(vendor) == synced_elsewhere and hidden(vendor) == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored

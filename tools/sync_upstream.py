@@ -1,43 +1,68 @@
 #!/usr/bin/env python3
 """Refresh ``vendor/<backport>/`` from an upstream commit, and check that nothing drifted.
 
+    python tools/sync_upstream.py --backport megatron-lm-7617 --pr 7617            # the PR's head
     python tools/sync_upstream.py --backport megatron-lm-7617 --sha 3d07347 --pr 7617
     python tools/sync_upstream.py --backport megatron-lm-7617 --sha SHA --repo ../Megatron-LM
+    python tools/sync_upstream.py --backport megatron-lm-7617 --rehash  # handwritten folder
     python tools/sync_upstream.py --check
 
 A sync keeps a bare clone of the upstream repository under the user's cache directory
 (``$XDG_CACHE_HOME/megatron-backports/upstream/``), fetches ``refs/pull/N/head`` (with
 ``--pr``) or the commit, reads the manifest's source path at that commit (or the module's
 planned new location, when the old one is gone or only forwards), vendors the function
-with ``tools/sync_rewrite.py``, prints a unified diff and writes both files atomically.
-``--dry-run`` only prints. ``--check`` needs no network: it compares every vendored file
-with the sha256 in its ``UPSTREAM.toml``. Git runs through gitpython, never a shell.
+with ``tools/sync_rewrite.py`` and prints a unified diff. The new file and the new
+``UPSTREAM.toml`` (written with tomlkit: comments and key order kept) go into a staged copy
+of the vendored folder, which then takes the folder's place: an error or Ctrl-C leaves the
+old pair or the new pair, never a mix, and the next run finishes or undoes what a killed
+one left. The local changes the catalog declares live outside ``vendor/`` and wrap
+whatever function is vendored, so a sync keeps them; it names each one it kept.
 
-Exit status: 0 done (or nothing to do), 1 ``--check`` found drift, 2 an error (nothing
-written).
+``--dry-run`` only prints. ``--check`` needs no network: it compares the vendored file with
+``sha256`` and every ``.py`` of its folder with ``files_sha256`` in ``UPSTREAM.toml``.
+``--rehash`` records both for a handwritten folder. Git runs through gitpython, never a
+shell.
+
+Exit status: 0 done (or nothing to do), 1 ``--check`` found drift, 2 an error or an
+interruption, reported in one line on stderr (the vendored files are then the old ones,
+unless the line says otherwise).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import datetime
 import difflib
 import hashlib
-import json
 import os
 import re
+import shutil
+import signal
 import sys
 import tempfile
+import threading
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sync_rewrite import Provenance, SourceError, SyncError, Vendored, defines, render_vendored
 
-__all__ = ["FetchError", "RevisionError", "UsageError", "check", "main", "sync"]
+__all__ = [
+    "FetchError",
+    "Interrupted",
+    "RevisionError",
+    "UsageError",
+    "WriteError",
+    "check",
+    "main",
+    "recover_interrupted",
+    "rehash",
+    "sync",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 VENDOR = ROOT / "vendor"
@@ -63,6 +88,14 @@ class RevisionError(SyncError):
     """The SHA names no commit, or more than one, in the fetched repository."""
 
 
+class WriteError(SyncError):
+    """The staged folder could not be written or swapped into place."""
+
+
+class Interrupted(SyncError):
+    """Ctrl-C: the message says which pair of files the vendored folder holds."""
+
+
 # --- manifests ----------------------------------------------------------------------------
 
 
@@ -81,7 +114,7 @@ class Backport:
     def manifest_path(self) -> Path:
         return self.folder / MANIFEST
 
-    def shown(self, name: str) -> str:
+    def shown(self, name: str = "") -> str:
         """``vendor/<folder>/<name>``: how diffs and messages name the backport's files."""
         return f"{self.folder.parent.name}/{self.folder.name}/{name}"
 
@@ -96,8 +129,9 @@ def _read_manifest(folder: Path) -> Backport:
     for key, kind in _REQUIRED.items():
         if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
             raise UsageError(f"{path}: {key!r} must be a {kind.__name__}")
-    if not isinstance(data.get("moved_path", ""), str):
-        raise UsageError(f"{path}: 'moved_path' must be a str")
+    for key in ("moved_path", "origin", "sha256", "files_sha256"):
+        if not isinstance(data.get(key, ""), str):
+            raise UsageError(f"{path}: {key!r} must be a str")
     name = data["file"]
     if Path(name).name != name or name in ("", ".", "..") or not name.endswith(".py"):
         raise UsageError(f"{path}: 'file' must be a .py file name in {folder.name}/")
@@ -105,7 +139,9 @@ def _read_manifest(folder: Path) -> Backport:
 
 
 def known_backports(vendor: Path) -> list[Backport]:
-    return [_read_manifest(path.parent) for path in sorted(vendor.glob(f"*/{MANIFEST}"))]
+    """Every vendored folder; the hidden ones are a sync's staging and set-aside copies."""
+    folders = sorted(path.parent for path in vendor.glob(f"*/{MANIFEST}"))
+    return [_read_manifest(folder) for folder in folders if not folder.name.startswith(".")]
 
 
 def load_backport(vendor: Path, backport_id: str) -> Backport:
@@ -118,6 +154,38 @@ def load_backport(vendor: Path, backport_id: str) -> Backport:
     if backport.id != backport_id:
         raise UsageError(f"{backport.manifest_path} says id = {backport.id!r}, not {backport_id!r}")
     return backport
+
+
+# --- what the package says: the folder digest and the local changes -----------------------
+
+
+def _package_import(name: str) -> Any:
+    """A module of this checkout's ``backports.megatron`` (installed or not): the digest
+    --check compares must come from the very function the probe of this tree runs."""
+    import importlib
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(1, str(ROOT))
+    try:
+        return importlib.import_module(f"backports.megatron.{name}")
+    except ImportError as exc:
+        raise UsageError(f"cannot import backports.megatron.{name} from {ROOT}: {exc}") from exc
+
+
+def files_digest(folder: Path) -> str:
+    """``files_sha256``: one sha256 over the folder's ``.py`` files, as the probe computes it."""
+    digest: str = _package_import("vendored").python_files_digest(folder)
+    return digest
+
+
+def local_changes(backport_id: str) -> list[tuple[str, str]]:
+    """(name, reason) of each local change the catalog entry wraps its vendored code with."""
+    catalog = _package_import("catalog")
+    try:
+        spec = catalog.by_id(backport_id)
+    except KeyError:
+        return []  # an entry of another distribution: its own package declares them
+    return [(change.name, change.reason) for change in spec.local_changes]
 
 
 # --- the cache clone and fetching ---------------------------------------------------------
@@ -151,26 +219,50 @@ def _cache_path(url: str) -> Path:
     return cache_dir() / CACHE_SUBDIR / f"{stem}-{digest}.git"
 
 
-def open_cache(url: str) -> Any:
-    """The bare cache clone for ``url`` (a ``git.Repo``), created on first use."""
+def _git() -> Any:
     try:
         import git
     except ImportError as exc:
         raise UsageError("syncing needs gitpython: pip install 'megatron-backports[git]'") from exc
+    return git
+
+
+@contextlib.contextmanager
+def cache_clone(url: str) -> Iterator[Any]:
+    """The bare cache clone for ``url`` (a ``git.Repo``). One this run created is removed
+    again if the run fails before anything was fetched into it: no empty clones."""
+    git = _git()
     for var in _GIT_LOCATION_VARS:
         os.environ.pop(var, None)
     path = _cache_path(url)
+    created = not (path / "HEAD").is_file()
     try:
-        if (path / "HEAD").is_file():
-            repo = git.Repo(path)
-        else:
+        if created:
             path.mkdir(parents=True, exist_ok=True)
             repo = git.Repo.init(path, bare=True)
+        else:
+            repo = git.Repo(path)
         repo.git.update_environment(GIT_TERMINAL_PROMPT="0")
         repo.git.config("remote.origin.url", url)
     except (git.GitError, OSError) as exc:
+        if created:
+            shutil.rmtree(path, ignore_errors=True)
         raise FetchError(f"cannot set up the cache clone {path}: {exc}") from exc
-    return repo
+    try:
+        yield repo
+    except BaseException:
+        if created and not _has_objects(path):
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def _has_objects(path: Path) -> bool:
+    objects = path / "objects"
+    return any(
+        entry.name not in ("info", "pack") or any(entry.iterdir())
+        for entry in objects.iterdir()
+        if entry.is_dir()
+    )
 
 
 def _git_fetch(repo: Any, *refspecs: str) -> None:
@@ -180,15 +272,27 @@ def _git_fetch(repo: Any, *refspecs: str) -> None:
 
 
 def _fetch_failure(exc: Exception) -> str:
+    """Git's whole message, on one line: every ``fatal:`` and the hint after it."""
     stderr = str(getattr(exc, "stderr", "") or exc).strip()
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    return lines[-1].removeprefix("stderr: ").strip("'") if lines else "git fetch failed"
+    stderr = stderr.removeprefix("stderr:").strip()
+    if len(stderr) > 1 and stderr[0] == stderr[-1] == "'":
+        stderr = stderr[1:-1]  # gitpython quotes what git wrote
+    sentences: list[str] = []
+    for line in (line.strip() for line in stderr.splitlines()):
+        if not line:
+            continue
+        text = re.sub(r"^(fatal|error|warning):\s*", "", line)
+        if sentences and text == line and not sentences[-1].endswith((".", "!", "?")):
+            sentences[-1] += " " + text  # a hint wrapped over several lines
+        else:
+            sentences.append(text)
+    ended = [s if s.endswith((".", "!", "?")) else s + "." for s in sentences]
+    return " ".join(ended) or "git fetch failed"
 
 
-def fetch(repo: Any, url: str, sha: str, pr: int | None) -> None:
+def fetch(repo: Any, url: str, sha: str | None, pr: int | None) -> None:
     """Bring ``sha`` into the cache: with the PR's head ref, by SHA, or with the branches."""
-    import git
-
+    git = _git()
     if pr is not None:
         ref = f"refs/pull/{pr}/head"
         try:
@@ -196,6 +300,7 @@ def fetch(repo: Any, url: str, sha: str, pr: int | None) -> None:
         except git.GitCommandError as exc:
             raise FetchError(f"cannot fetch {ref} from {url}: {_fetch_failure(exc)}") from exc
         return
+    assert sha is not None
     if len(sha) == 40:
         if _commits_with_prefix(repo, sha):
             return  # already here: no network needed
@@ -211,8 +316,7 @@ def fetch(repo: Any, url: str, sha: str, pr: int | None) -> None:
 
 
 def _commits_with_prefix(repo: Any, prefix: str) -> list[str]:
-    import git
-
+    git = _git()
     try:
         found = repo.git.rev_parse(f"--disambiguate={prefix.lower()}").split()
     except git.GitCommandError:
@@ -220,8 +324,12 @@ def _commits_with_prefix(repo: Any, prefix: str) -> list[str]:
     return [oid for oid in found if repo.git.cat_file("-t", oid) == "commit"]
 
 
-def resolve_commit(repo: Any, sha: str, url: str, pr: int | None) -> Any:
-    """The one commit whose id starts with ``sha`` (a ``git.Commit``)."""
+def resolve_commit(repo: Any, sha: str | None, url: str, pr: int | None) -> Any:
+    """The one commit whose id starts with ``sha`` (a ``git.Commit``); without ``sha``, the
+    head of the pull request ``pr``."""
+    if sha is None:
+        assert pr is not None
+        return repo.commit(f"refs/pull/{pr}/head")
     commits = _commits_with_prefix(repo, sha)
     if not commits and pr is not None:
         raise RevisionError(f"no commit {sha} on refs/pull/{pr}/head of {url}")
@@ -285,31 +393,24 @@ def read_source(commit: Any, manifest: dict[str, Any]) -> Source:
     raise SourceError(f"neither {path} nor {moved} exists at {short}")
 
 
-# --- writing ------------------------------------------------------------------------------
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        # JSON string escapes are TOML basic-string escapes; DEL must be escaped too.
-        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
-    if isinstance(value, list) and all(isinstance(item, str) for item in value):
-        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
-    raise UsageError(f"cannot write {value!r} into a flat UPSTREAM.toml")
+# --- UPSTREAM.toml and diffs --------------------------------------------------------------
 
 
 def render_manifest(old_text: str, data: dict[str, Any]) -> str:
-    """A flat TOML table in ``data``'s key order, after the old file's leading comments."""
-    comments = []
-    for line in old_text.splitlines():
-        if not line.startswith("#"):
-            break
-        comments.append(line)
-    body = [f"{key} = {_toml_value(value)}" for key, value in data.items()]
-    text = "\n".join([*comments, *body]) + "\n"
+    """``data`` written over the old ``UPSTREAM.toml`` with tomlkit: its comments and key
+    order stay, keys ``data`` drops go, new keys follow in ``data``'s order."""
+    try:
+        import tomlkit
+    except ImportError as exc:
+        raise UsageError(
+            "writing UPSTREAM.toml needs tomlkit: pip install 'megatron-backports[git]'"
+        ) from exc
+    document = tomlkit.parse(old_text)
+    for key in [key for key in document if key not in data]:
+        del document[key]
+    for key, value in data.items():
+        document[key] = value
+    text = tomlkit.dumps(document)
     if tomllib.loads(text) != data:
         raise UsageError("internal error: the UPSTREAM.toml written would not read back")
     return text
@@ -322,23 +423,139 @@ def unified_diff(old: str, new: str, name: str) -> str:
     return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` in one rename: readers see the old bytes or the new, never a mix."""
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def _read_text(path: Path) -> str:
+    return path.read_text(encoding="utf-8") if path.exists() else ""
+
+
+def write_file(path: Path, text: str) -> None:
+    """Write ``text`` and flush it to disk (before the folder holding it is swapped in)."""
+    with open(path, "wb") as handle:
+        handle.write(text.encode("utf-8"))
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+# --- staging and swapping the vendored folder ---------------------------------------------
+#
+# The vendored file and UPSTREAM.toml must change together: a new file with the old
+# manifest makes the probe refuse the backport wherever the tree ships. Both are written
+# into a copy of the folder beside it (``.<name>.sync-new-*``), which then takes the
+# folder's place in two renames: the folder to ``.<name>.sync-old``, the copy to the
+# folder. Ctrl-C is held for those two renames; an error in the second puts the folder
+# back; a killed run leaves ``.<name>.sync-old`` for ``recover_interrupted`` to put right.
+
+_STAGE_INFIX = ".sync-new-"
+_OLD_SUFFIX = ".sync-old"
+
+
+def _set_aside(folder: Path) -> Path:
+    return folder.with_name(f".{folder.name}{_OLD_SUFFIX}")
+
+
+@contextlib.contextmanager
+def staged_copy(folder: Path, beside: bool = True) -> Iterator[Path]:
+    """A copy of ``folder`` to write into; removed on exit unless swapped in first.
+
+    ``beside``: in the folder's parent, so the swap is a rename on one file system;
+    otherwise (a dry run) under the system's temporary directory.
+    """
+    parent = folder.parent if beside else None
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(text.encode("utf-8"))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}{_STAGE_INFIX}", dir=parent))
+    except OSError as exc:
+        raise WriteError(f"cannot stage the new files beside {folder}: {exc}") from exc
+    try:
+        stage = staging / folder.name
+        try:
+            shutil.copytree(folder, stage, ignore=shutil.ignore_patterns("__pycache__"))
+        except OSError as exc:
+            raise WriteError(f"cannot stage a copy of {folder}: {exc}") from exc
+        yield stage
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
-# --- sync and check -----------------------------------------------------------------------
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[list[int]]:
+    """Hold Ctrl-C (SIGINT) until the block is done; the list says whether one came."""
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held  # signal handlers can only be set in the main thread
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield held
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+
+def swap_in(stage: Path, folder: Path) -> bool:
+    """Put the staged copy in ``folder``'s place; True if Ctrl-C came meanwhile (held)."""
+    aside = _set_aside(folder)
+    with _interrupts_held() as held:
+        try:
+            os.rename(folder, aside)
+        except OSError as exc:
+            raise WriteError(f"cannot move {folder} aside: {exc}; nothing written") from exc
+        try:
+            os.rename(stage, folder)
+        except BaseException as exc:
+            _put_back(aside, folder, exc)
+            if isinstance(exc, OSError):
+                raise WriteError(f"cannot move the new files into {folder}: {exc}") from exc
+            raise
+        _fsync_dir(folder.parent)
+        shutil.rmtree(aside, ignore_errors=True)
+    return bool(held)
+
+
+def _put_back(aside: Path, folder: Path, cause: BaseException) -> None:
+    try:
+        os.rename(aside, folder)
+    except BaseException as exc:
+        raise WriteError(
+            f"{type(cause).__name__} while swapping in the new files, and the old folder "
+            f"could not be put back ({exc}): it is {aside}; the next run puts it back"
+        ) from exc
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def leftovers(vendor: Path) -> list[Path]:
+    """Staged copies and set-aside folders a killed run left in ``vendor``."""
+    return sorted(
+        path
+        for path in vendor.glob(".*")
+        if path.is_dir() and (path.name.endswith(_OLD_SUFFIX) or _STAGE_INFIX in path.name)
+    )
+
+
+def recover_interrupted(vendor: Path) -> list[str]:
+    """Undo or finish what a killed run left; one line per thing done."""
+    done = []
+    for path in leftovers(vendor):
+        if _STAGE_INFIX in path.name:
+            shutil.rmtree(path)
+            done.append(f"removed {path.name}, a staged copy a killed sync left")
+            continue
+        folder = vendor / path.name[1:].removesuffix(_OLD_SUFFIX)
+        if folder.exists():
+            shutil.rmtree(path)
+            done.append(f"removed {path.name}: the sync that set it aside had finished")
+        else:
+            os.rename(path, folder)
+            done.append(f"put {folder.name}/ back from {path.name}: its sync was killed")
+    return done
+
+
+# --- sync, rehash and check ---------------------------------------------------------------
 
 
 def _sha256(data: bytes) -> str:
@@ -380,24 +597,51 @@ def _with_date(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
     return {**new, "synced_date": date or today}
 
 
-def sync(
-    vendor: Path, backport_id: str, sha: str, repo_arg: str | None, pr: int | None, dry_run: bool
-) -> int:
-    if not _SHA.fullmatch(sha):
+def _check_args(sha: str | None, pr: int | None) -> None:
+    if sha is None and pr is None:
+        raise UsageError("a sync needs --sha, --pr, or both")
+    if sha is not None and not _SHA.fullmatch(sha):
         raise UsageError(f"--sha must be 4 to 40 hex digits, not {sha!r}")
     if pr is not None and pr <= 0:
         raise UsageError(f"--pr must be a positive pull-request number, not {pr}")
+
+
+def _tidy(vendor: Path, dry_run: bool) -> None:
+    """Put right what a killed run left, or (dry run: nothing written) say it is there."""
+    if dry_run:
+        for path in leftovers(vendor):
+            print(f"note: {path.name} is left by a killed sync; the next sync puts it right")
+        return
+    try:
+        done = recover_interrupted(vendor)
+    except OSError as exc:
+        raise WriteError(f"cannot tidy up after a killed sync in {vendor}: {exc}") from exc
+    for line in done:
+        print(f"note: {line}")
+
+
+def sync(
+    vendor: Path,
+    backport_id: str,
+    sha: str | None,
+    repo_arg: str | None,
+    pr: int | None,
+    dry_run: bool,
+) -> int:
+    _check_args(sha, pr)
+    sha = None if sha is None else sha.lower()
+    _tidy(vendor, dry_run)
     backport = load_backport(vendor, backport_id)
-    url = repo_location(repo_arg if repo_arg is not None else backport.manifest["repo"])
-    repo = open_cache(url)
-    fetch(repo, url, sha.lower(), pr)
-    commit = resolve_commit(repo, sha.lower(), url, pr)
-    if pr is not None and not repo.is_ancestor(commit.hexsha, f"refs/pull/{pr}/head"):
-        print(f"note: {commit.hexsha[:12]} is not on refs/pull/{pr}/head")
-    source = read_source(commit, backport.manifest)
+    manifest = backport.manifest
+    url = repo_location(repo_arg if repo_arg is not None else manifest["repo"])
+    with cache_clone(url) as repo:
+        fetch(repo, url, sha, pr)
+        commit = resolve_commit(repo, sha, url, pr)
+        if pr is not None and not repo.is_ancestor(commit.hexsha, f"refs/pull/{pr}/head"):
+            print(f"note: {commit.hexsha[:12]} is not on refs/pull/{pr}/head")
+        source = read_source(commit, manifest)
     if source.note:
         print(f"note: {source.note}")
-    manifest = backport.manifest
     provenance = Provenance(
         repo=manifest["repo"],
         pr=manifest["pr"],
@@ -407,53 +651,130 @@ def sync(
         target_module=_module_name(manifest["path"]),
     )
     vendored = render_vendored(source.text, manifest["symbol"], provenance)
-    synced_repo = None if url == repo_location(manifest["repo"]) else url
-    data = _with_date(_new_manifest(backport, commit, source, vendored, synced_repo), manifest)
-    return _write_or_show(backport, vendored, data, dry_run)
-
-
-def _write_or_show(
-    backport: Backport, vendored: Vendored, data: dict[str, Any], dry_run: bool
-) -> int:
-    old_file = backport.file.read_text(encoding="utf-8") if backport.file.exists() else ""
-    new_manifest = render_manifest(backport.manifest_text, data)
     print(f"reads from the target module: {', '.join(vendored.reads) or 'nothing'}")
-    diff = unified_diff(old_file, vendored.text, backport.shown(backport.file.name))
-    diff += unified_diff(backport.manifest_text, new_manifest, backport.shown(MANIFEST))
-    if not diff:
-        print(f"{backport.id}: up to date with {data['synced_sha'][:12]}; nothing written")
-        return 0
-    sys.stdout.write(diff)
-    if dry_run:
-        print(f"{backport.id}: dry run; nothing written")
-        return 0
-    # The vendored file first: if the manifest write fails, --check and the probe see drift.
-    write_atomic(backport.file, vendored.text)
-    write_atomic(backport.manifest_path, new_manifest)
-    print(f"{backport.id}: wrote {backport.file.name} and {MANIFEST}")
+    synced_repo = None if url == repo_location(manifest["repo"]) else url
+    data = _new_manifest(backport, commit, source, vendored, synced_repo)
+    code = _write_pair(backport, vendored.text, data, dry_run, dated=True)
+    _say_kept_local_changes(backport.id)
+    return code
+
+
+def rehash(vendor: Path, backport_id: str, dry_run: bool) -> int:
+    """Record sha256 and files_sha256 of a handwritten folder as it is."""
+    _tidy(vendor, dry_run)
+    backport = load_backport(vendor, backport_id)
+    origin = backport.manifest.get("origin")
+    if origin != "handwritten":
+        raise UsageError(
+            f"{backport.shown(MANIFEST)} says origin = {origin!r}: --rehash records the "
+            "hashes of handwritten code only; re-sync synced code instead"
+        )
+    try:
+        text = backport.file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read {backport.file}: {exc}") from exc
+    data = {**backport.manifest, "sha256": _sha256(text.encode("utf-8"))}
+    return _write_pair(backport, text, data, dry_run, dated=False)
+
+
+def _write_pair(
+    backport: Backport, text: str, data: dict[str, Any], dry_run: bool, dated: bool
+) -> int:
+    """Stage the vendored file and its UPSTREAM.toml (files_sha256 over the staged
+    folder), print the diff, and swap the pair in unless nothing changed or ``dry_run``."""
+    with staged_copy(backport.folder, beside=not dry_run) as stage:
+        try:
+            write_file(stage / backport.file.name, text)
+            data = {**data, "files_sha256": files_digest(stage)}
+            if dated:
+                data = _with_date(data, backport.manifest)
+            manifest_text = render_manifest(backport.manifest_text, data)
+            write_file(stage / MANIFEST, manifest_text)
+        except OSError as exc:
+            raise WriteError(f"cannot write the staged copy of {backport.folder}: {exc}") from exc
+        file_diff = unified_diff(
+            _read_text(backport.file), text, backport.shown(backport.file.name)
+        )
+        manifest_diff = unified_diff(
+            backport.manifest_text, manifest_text, backport.shown(MANIFEST)
+        )
+        diff = file_diff + manifest_diff
+        if not diff:
+            print(f"{backport.id}: {backport.shown()} is up to date; nothing written")
+            return 0
+        sys.stdout.write(diff)
+        if dry_run:
+            print(f"{backport.id}: dry run; nothing written")
+            return 0
+        try:
+            held = swap_in(stage, backport.folder)
+        except KeyboardInterrupt as exc:
+            raise Interrupted(f"interrupted; {backport.shown()} keeps its old files") from exc
+    names = [backport.file.name] * bool(file_diff) + [MANIFEST] * bool(manifest_diff)
+    wrote = f"wrote {' and '.join(names)} in {backport.shown()}"
+    if held:
+        raise Interrupted(f"interrupted after the swap: {wrote}")
+    print(f"{backport.id}: {wrote}")
     return 0
 
 
+def _say_kept_local_changes(backport_id: str) -> None:
+    """The local changes live outside vendor/ and wrap whatever function is vendored."""
+    changes = local_changes(backport_id)
+    if not changes:
+        print(f"{backport_id}: the catalog declares no local changes")
+    for name, reason in changes:
+        print(f"kept local change {name}: {reason}")
+
+
+def _drift(backport: Backport) -> list[str]:
+    """One line per way the folder differs from its UPSTREAM.toml."""
+    lines = []
+    expected = backport.manifest.get("sha256")
+    try:
+        actual = _sha256(backport.file.read_bytes())
+    except OSError as exc:
+        actual = f"unreadable ({exc.strerror})"
+    if actual != expected:
+        shown = backport.shown(backport.file.name)
+        lines.append(f"drifted: {shown} (sha256 {actual}, {MANIFEST} says {expected})")
+    folder_expected = backport.manifest.get("files_sha256")
+    folder_actual = files_digest(backport.folder)
+    if folder_expected is None:
+        lines.append(
+            f"drifted: {backport.shown()} ({MANIFEST} has no files_sha256; "
+            "re-sync, or --rehash a handwritten folder)"
+        )
+    elif folder_actual != folder_expected:
+        lines.append(
+            f"drifted: {backport.shown()}*.py "
+            f"(files_sha256 {folder_actual}, {MANIFEST} says {folder_expected})"
+        )
+    return lines
+
+
 def check(vendor: Path, only: str | None = None) -> int:
-    """0 when every vendored file matches the sha256 in its UPSTREAM.toml, else 1."""
+    """0 when every vendored folder matches its UPSTREAM.toml, else 1."""
+    stray = leftovers(vendor)
+    if stray:
+        # A folder may be set aside, not in its place: nothing to compare until a sync
+        # (or --rehash) puts it right.
+        for path in stray:
+            print(f"leftover: {path.name} from a killed sync; the next sync or --rehash tidies it")
+        return 1
     backports = [load_backport(vendor, only)] if only else known_backports(vendor)
     if not backports:
         raise UsageError(f"no vendored backports (*/{MANIFEST}) under {vendor}")
-    drifted = []
+    drifted = 0
     for backport in backports:
-        expected = backport.manifest.get("sha256")
-        try:
-            actual = _sha256(backport.file.read_bytes())
-        except OSError as exc:
-            actual = f"unreadable ({exc.strerror})"
-        if actual != expected:
-            drifted.append(backport.file)
-            shown = backport.shown(backport.file.name)
-            print(f"drifted: {shown} (sha256 {actual}, {MANIFEST} says {expected})")
+        lines = _drift(backport)
+        drifted += bool(lines)
+        for line in lines:
+            print(line)
     if drifted:
-        print(f"{len(drifted)} vendored file(s) differ from {MANIFEST}; re-sync, do not edit")
+        print(f"{drifted} vendored folder(s) differ from {MANIFEST}; re-sync, do not edit")
         return 1
-    print(f"ok: {len(backports)} vendored file(s) match their {MANIFEST}")
+    print(f"ok: {len(backports)} vendored folder(s) match their {MANIFEST}")
     return 0
 
 
@@ -463,33 +784,70 @@ def check(vendor: Path, only: str | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sync_upstream.py",
-        description="Refresh vendor/<backport>/ from an upstream commit, or check for drift.",
+        description=(
+            "Refresh vendor/<backport>/ from an upstream commit (--backport with --sha, "
+            "--pr or both), record the hashes of a handwritten folder (--rehash), or check "
+            "for drift (--check)."
+        ),
+        epilog="exit status: 0 done, 1 --check found drift, 2 an error or an interruption",
     )
     parser.add_argument("--backport", help="backport id, e.g. megatron-lm-7617")
-    parser.add_argument("--sha", help="upstream commit, 4 to 40 hex digits")
+    parser.add_argument(
+        "--sha", help="upstream commit, 4 to 40 hex digits (default with --pr: the PR's head)"
+    )
     parser.add_argument("--repo", help="URL or local path (default: repo in UPSTREAM.toml)")
-    parser.add_argument("--pr", type=int, help="fetch refs/pull/PR/head instead of the SHA")
+    parser.add_argument(
+        "--pr", type=int, help="fetch refs/pull/PR/head; alone, sync that head commit"
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
-    parser.add_argument("--check", action="store_true", help="verify sha256s only, no network")
+    parser.add_argument(
+        "--rehash",
+        action="store_true",
+        help="record sha256 and files_sha256 of a handwritten folder as it is",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="verify sha256 and files_sha256 only, no network"
+    )
     parser.add_argument("--vendor-dir", type=Path, default=VENDOR, help=argparse.SUPPRESS)
     return parser
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    fetching = [flag for flag in ("sha", "repo", "pr") if getattr(args, flag) is not None]
+    if args.check:
+        if fetching or args.dry_run or args.rehash:
+            parser.error("--check takes only --backport")
+        return check(args.vendor_dir, args.backport)
+    if args.backport is None:
+        parser.error("a sync needs --backport and --sha or --pr (or use --check)")
+    if args.rehash:
+        if fetching:
+            parser.error("--rehash takes only --backport and --dry-run")
+        return rehash(args.vendor_dir, args.backport, args.dry_run)
+    if args.sha is None and args.pr is None:
+        parser.error("a sync needs --backport and --sha or --pr (or use --check)")
+    return sync(args.vendor_dir, args.backport, args.sha, args.repo, args.pr, args.dry_run)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        if args.check:
-            extra = [flag for flag in ("sha", "repo", "pr") if getattr(args, flag) is not None]
-            if extra or args.dry_run:
-                parser.error("--check takes only --backport")
-            return check(args.vendor_dir, args.backport)
-        if args.backport is None or args.sha is None:
-            parser.error("a sync needs --backport and --sha (or use --check)")
-        return sync(args.vendor_dir, args.backport, args.sha, args.repo, args.pr, args.dry_run)
+        return _run(parser, args)
     except SyncError as exc:
-        print(f"sync_upstream.py: error: {exc}", file=sys.stderr)
-        return 2
+        message = str(exc)
+    except KeyboardInterrupt:
+        message = "interrupted; nothing written"
+    except OSError as exc:
+        message = f"{exc}; nothing written"
+    except Exception as exc:  # a bug: still one line, never a traceback
+        message = f"unexpected {type(exc).__name__}: {exc}"
+    print(f"sync_upstream.py: error: {_one_line(message)}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

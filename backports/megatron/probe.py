@@ -11,7 +11,7 @@ from .catalog import BackportSpec
 from .git_ancestry import commit_ancestry
 from .report import Verdict
 from .targets import ResolvedTarget, TargetMissing, resolve_target
-from .vendored import check_integrity, read_upstream
+from .vendored import Integrity, check_integrity, read_upstream
 from .versions import installed_version
 
 __all__ = ["ProbeResult", "probe", "probe_without_import"]
@@ -55,17 +55,16 @@ def probe_without_import(spec: BackportSpec) -> ProbeResult:
         "file": integrity.file,
         "sha256": integrity.actual,
         "expected_sha256": integrity.expected,
+        "folder": integrity.folder,
+        "files_sha256": integrity.files_actual,
+        "expected_files_sha256": integrity.files_expected or None,
         "ok": integrity.ok,
     }
     installed = installed_version(spec.target.distribution)
     evidence["distribution"] = {"name": spec.target.distribution, **installed.to_dict()}
-    if not integrity.ok:
-        return ProbeResult(
-            Verdict.INCOMPATIBLE,
-            f"vendored {integrity.file} has sha256 {integrity.actual[:12]}, UPSTREAM.toml says "
-            f"{integrity.expected[:12]}: it was edited without tools/sync_upstream.py",
-            evidence,
-        )
+    drift = _drift(integrity)
+    if drift is not None:
+        return ProbeResult(Verdict.INCOMPATIBLE, drift, evidence)
     if installed.version is None:
         return ProbeResult(Verdict.ABSENT, f"{spec.target.distribution} is not installed", evidence)
     if installed.version < spec.target_since:
@@ -76,6 +75,32 @@ def probe_without_import(spec: BackportSpec) -> ProbeResult:
             evidence,
         )
     return ProbeResult(Verdict.NEEDED, "target not probed yet", evidence, final=False)
+
+
+def _drift(integrity: Integrity) -> str | None:
+    """Why the vendored code is not what UPSTREAM.toml describes, or None.
+
+    The named file first, then every .py of the folder: the loader imports the module by
+    name, which need not be the file UPSTREAM.toml names.
+    """
+    if not integrity.file_ok:
+        return (
+            f"vendored {integrity.file} has sha256 {integrity.actual[:12]}, UPSTREAM.toml says "
+            f"{integrity.expected[:12]}: it was edited without tools/sync_upstream.py"
+        )
+    if not integrity.files_expected:
+        return (
+            f"vendored folder {integrity.folder}: UPSTREAM.toml has no files_sha256, so its "
+            ".py files cannot be checked; re-sync it, or refresh a handwritten one with "
+            "tools/sync_upstream.py --rehash"
+        )
+    if not integrity.files_ok:
+        return (
+            f"vendored folder {integrity.folder} has files_sha256 {integrity.files_actual[:12]}, "
+            f"UPSTREAM.toml says {integrity.files_expected[:12]}: a .py file in it was edited "
+            "without tools/sync_upstream.py"
+        )
+    return None
 
 
 def _check_shape(spec: BackportSpec, target: ResolvedTarget, reads: list[str]) -> str | None:

@@ -34,15 +34,31 @@ def read_upstream(ref: VendoredRef) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Integrity:
-    """Whether the vendored file is byte-for-byte what ``UPSTREAM.toml`` describes."""
+    """Whether the vendored code is byte-for-byte what ``UPSTREAM.toml`` describes.
+
+    ``sha256`` covers the file ``UPSTREAM.toml`` names; ``files_sha256`` covers every
+    ``.py`` file of the folder, so an edit to any module the loader may import is caught,
+    whichever file ``file`` names.
+    """
 
     file: str
     expected: str
     actual: str
+    folder: str  # where the vendored package lives, for messages
+    files_expected: str  # "" when UPSTREAM.toml has no files_sha256
+    files_actual: str
+
+    @property
+    def file_ok(self) -> bool:
+        return self.expected == self.actual
+
+    @property
+    def files_ok(self) -> bool:
+        return bool(self.files_expected) and self.files_expected == self.files_actual
 
     @property
     def ok(self) -> bool:
-        return self.expected == self.actual
+        return self.file_ok and self.files_ok
 
 
 def python_files_digest(folder: Traversable) -> str:
@@ -61,12 +77,16 @@ def python_files_digest(folder: Traversable) -> str:
 
 
 def check_integrity(ref: VendoredRef, upstream: dict[str, Any]) -> Integrity:
+    folder = files(ref.package)
     name = str(upstream.get("file", f"{ref.module}.py"))
-    data = (files(ref.package) / name).read_bytes()
+    data = (folder / name).read_bytes()
     return Integrity(
         file=name,
         expected=str(upstream.get("sha256", "")),
         actual=hashlib.sha256(data).hexdigest(),
+        folder=str(folder),
+        files_expected=str(upstream.get("files_sha256", "")),
+        files_actual=python_files_digest(folder),
     )
 
 
