@@ -146,5 +146,51 @@ def test_a_manifest_without_files_sha256_is_refused(spec: BackportSpec, folder: 
     path.write_text("".join(line for line in lines if not line.startswith("files_sha256")))
     result = probe_without_import(spec)
     assert result.verdict is Verdict.INCOMPATIBLE
-    assert f"vendored folder {folder}: UPSTREAM.toml has no files_sha256" in result.reason
-    assert result.evidence["vendored"]["expected_files_sha256"] is None
+    assert "is not a valid UPSTREAM.toml: files_sha256 is missing" in result.reason
+
+
+# ---- the manifest's schema (issue 12, item 8) -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "old, new, says",
+    [
+        ("reads = ", "reads = 5\nold_reads = ", "reads must be a list of Python names, not 5"),
+        ("reads = ", 'reads = "SparseMLA"\nold_reads = ', "reads must be a list of Python names"),
+        ("pr = 7617", 'pr = "7617"', "pr must be a positive integer, not '7617'"),
+        ('file = "tilelang_dsa.py"', 'file = "../x.py"', "file must be a .py file name"),
+        ('origin = "handwritten"', 'origin = "copied"', "origin must be one of"),
+        ("head_sha = ", "old_head = ", "head_sha is missing"),
+    ],
+)
+def test_a_malformed_manifest_is_one_clear_incompatible_reason(
+    spec: BackportSpec, folder: Path, old: str, new: str, says: str
+) -> None:
+    if old == "reads = " and "reads = " not in (folder / "UPSTREAM.toml").read_text():
+        path = folder / "UPSTREAM.toml"
+        path.write_text(path.read_text() + 'reads = ["SparseMLA"]\n')
+    edit_manifest(folder, old, new)
+    with pytest.warns(BackportWarning):
+        (report,) = apply()
+    assert report.verdict is Verdict.INCOMPATIBLE
+    assert "not a valid UPSTREAM.toml" in report.reason and says in report.reason
+    assert "edited without" not in report.reason  # not blamed on the vendored file
+
+
+def test_an_empty_manifest_is_called_empty(spec: BackportSpec, folder: Path) -> None:
+    (folder / "UPSTREAM.toml").write_text("")
+    result = probe_without_import(spec)
+    assert result.verdict is Verdict.INCOMPATIBLE
+    assert "not a valid UPSTREAM.toml: it is empty" in result.reason
+
+
+def test_status_cli_on_a_malformed_manifest_exits_cleanly(
+    spec: BackportSpec, folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from backports.megatron import cli
+
+    edit_manifest(folder, "pr = 7617", "pr = [1]")
+    code = cli.main(["status"])
+    out = capsys.readouterr().out
+    assert code in (0, 1)  # incompatible is a verdict, not a crash
+    assert "pr must be a positive integer" in out

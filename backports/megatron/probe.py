@@ -45,7 +45,7 @@ def probe_without_import(spec: BackportSpec) -> ProbeResult:
         upstream = read_upstream(spec.vendored)
         integrity = check_integrity(spec.vendored, upstream)
     except Exception as exc:
-        return ProbeResult(Verdict.INCOMPATIBLE, f"vendored code unreadable: {exc}", evidence)
+        return ProbeResult(Verdict.INCOMPATIBLE, f"vendored code refused: {exc}", evidence)
     evidence["upstream"] = {
         key: upstream.get(key) for key in ("repo", "pr", "head_sha", "merge_sha", "origin")
     }

@@ -11,6 +11,7 @@ from typing import Any
 
 from .catalog import VendoredRef
 from .errors import BackportError
+from .upstream_schema import manifest_problems
 
 __all__ = [
     "Integrity",
@@ -24,12 +25,16 @@ _MANIFEST = "UPSTREAM.toml"
 
 
 def read_upstream(ref: VendoredRef) -> dict[str, Any]:
-    """The vendored package's ``UPSTREAM.toml`` as a dict."""
+    """The vendored package's ``UPSTREAM.toml`` as a dict, its schema checked."""
     manifest = files(ref.package) / _MANIFEST
     try:
-        return tomllib.loads(manifest.read_text(encoding="utf-8"))
+        data = tomllib.loads(manifest.read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise BackportError(f"cannot read {ref.package}/{_MANIFEST}: {exc}") from exc
+    problems = manifest_problems(data)
+    if problems:
+        raise BackportError(f"{manifest} is not a valid {_MANIFEST}: {'; '.join(problems)}")
+    return data
 
 
 @dataclass(frozen=True)

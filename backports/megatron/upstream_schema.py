@@ -1,0 +1,97 @@
+"""The keys of a vendored folder's ``UPSTREAM.toml`` and their types, checked on read.
+
+A hand-edited or half-written manifest must give one clear reason (``pr must be an integer``),
+not a ``TypeError`` deep in the probe, nor a string of names checked one character at a time,
+nor an empty file blamed on an edited vendored file.
+"""
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["manifest_problems"]
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_SHA = re.compile(r"[0-9a-f]{4,40}")
+ORIGINS = ("handwritten", "synced")
+
+
+def _text(value: Any) -> str | None:
+    return None if isinstance(value, str) and value.strip() else "a non-empty string"
+
+
+def _pattern(pattern: re.Pattern[str], what: str) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        ok = isinstance(value, str) and pattern.fullmatch(value)
+        return None if ok else what
+
+    return check
+
+
+def _positive_int(value: Any) -> str | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return None if ok else "a positive integer"
+
+
+def _file_name(value: Any) -> str | None:
+    ok = (
+        isinstance(value, str)
+        and value.endswith(".py")
+        and "/" not in value
+        and "\\" not in value
+        and not value.startswith(".")
+    )
+    return None if ok else "a .py file name in the folder (no path)"
+
+
+def _names(value: Any) -> str | None:
+    ok = isinstance(value, list) and all(isinstance(v, str) and v.isidentifier() for v in value)
+    return None if ok else "a list of Python names"
+
+
+def _origin(value: Any) -> str | None:
+    return None if value in ORIGINS else f"one of {', '.join(map(repr, ORIGINS))}"
+
+
+_HEX = _pattern(_HEX64, "a sha256 (64 lowercase hex digits)")
+_COMMIT = _pattern(_SHA, "a commit SHA (4 to 40 lowercase hex digits)")
+
+REQUIRED: dict[str, Callable[[Any], str | None]] = {
+    "id": _text,
+    "repo": _text,
+    "pr": _positive_int,
+    "head_sha": _COMMIT,
+    "path": _text,
+    "symbol": _text,
+    "file": _file_name,
+    "sha256": _HEX,
+    "files_sha256": _HEX,
+    "origin": _origin,
+}
+OPTIONAL: dict[str, Callable[[Any], str | None]] = {
+    "merge_sha": _COMMIT,  # absent while the pull request is open
+    "moved_path": _text,
+    "origin_note": _text,
+    "reads": _names,
+    "synced_sha": _COMMIT,
+    "synced_path": _text,
+    "synced_repo": _text,
+    "synced_date": _text,
+    "upstream_sha256": _HEX,
+}
+
+
+def manifest_problems(data: dict[str, Any]) -> list[str]:
+    """What is wrong with a parsed ``UPSTREAM.toml``, one phrase per key; [] when valid.
+
+    Unknown keys are allowed: a newer sync tool may write more.
+    """
+    if not data:
+        return ["it is empty"]
+    problems = [f"{key} is missing" for key in REQUIRED if key not in data]
+    for key, check in (*REQUIRED.items(), *OPTIONAL.items()):
+        if key in data:
+            wanted = check(data[key])
+            if wanted is not None:
+                problems.append(f"{key} must be {wanted}, not {data[key]!r}")
+    return problems
