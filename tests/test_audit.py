@@ -5,9 +5,11 @@ cache folder); a folder with a behaviourally fixed megatron-core stand-in plays 
 release that merged #7617.
 """
 
+import importlib.util
 import json
 import subprocess
 import sys
+import zipfile
 from importlib.resources import files
 from pathlib import Path
 
@@ -104,6 +106,7 @@ def test_0_19_2_wheel_still_needs_it(request, capsys):
 def test_a_release_with_the_fix_fails_the_pin_bump(fixed_release, capsys):
     code, (report,), err = _audit(capsys, "--dir", str(fixed_release))
     assert code == 0 and report["verdict"] == "upstream"
+    assert report["outcome"] == "landed: delete it"  # what the table's column says
     assert "Delete vendor/megatron_lm_7617/" in report["reason"]
     code, _, err = _audit(capsys, "--dir", str(fixed_release), "--fail-on-landed")
     assert code == 1 and f"delete: {BACKPORT_ID}" in err
@@ -129,3 +132,52 @@ def test_bad_candidates_are_usage_errors(tmp_path, capsys):
     (tmp_path / "not-a-wheel.whl").write_text("nope")
     assert _audit(capsys, "--wheel", str(tmp_path / "not-a-wheel.whl"))[0] == 2
     assert _audit(capsys, "--dir", str(tmp_path / "missing"))[0] == 2
+
+
+# ---- candidates that are not megatron-core ----------------------------------------------------
+
+INSTALLED_CORE = importlib.util.find_spec("megatron.core").origin
+
+
+def _not_a_candidate(name: Path) -> str:
+    return (
+        f"backports: {name} is not a megatron-core candidate: it holds no megatron/core "
+        f"(megatron.core would come from {INSTALLED_CORE})\n"
+    )
+
+
+def _small_wheel(folder: Path) -> Path:
+    """A wheel of another project (the shape of packaging-24.2-py3-none-any.whl)."""
+    wheel = folder / "smallpkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("smallpkg/__init__.py", "VALUE = 1\n")
+        archive.writestr(
+            "smallpkg-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: smallpkg\n"
+        )
+        archive.writestr(
+            "smallpkg-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\n"
+        )
+        archive.writestr("smallpkg-1.0.dist-info/RECORD", "")
+    return wheel
+
+
+def test_a_wheel_of_another_project_is_not_a_candidate(tmp_path, capsys):
+    wheel = _small_wheel(tmp_path)
+    code, reports, err = _audit(capsys, "--wheel", str(wheel))
+    assert (code, reports, err) == (2, [], _not_a_candidate(wheel))
+
+
+@pytest.mark.parametrize("content", [[], ["megatron/training/__init__.py"]])
+def test_a_folder_without_megatron_core_is_not_a_candidate(tmp_path, capsys, content):
+    for name in content:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).touch()
+    code, reports, err = _audit(capsys, "--dir", str(tmp_path))
+    assert (code, reports, err) == (2, [], _not_a_candidate(tmp_path))
+
+
+def test_an_unknown_id_is_the_same_one_line_error_as_status(fixed_release, capsys):
+    code, _, err = _audit(capsys, "--dir", str(fixed_release), "--only", "nonexistent")
+    assert cli.main(["status", "--only", "nonexistent"]) == code == 2
+    assert capsys.readouterr().err == err
+    assert err == "backports: unknown backport 'nonexistent'; known: megatron-lm-7617\n"

@@ -1,17 +1,25 @@
 """``backports status / apply / revert`` in this process, the hook in a temporary folder.
 
-``audit`` and the console script in fresh interpreters: test_audit.py, test_job_start.py.
+``audit`` and the console script in fresh interpreters: test_audit.py, test_job_start.py,
+test_cli_process.py.
 """
 
 import json
+import logging
+import site
 import subprocess
 import sys
+import tomllib
+import warnings
+from pathlib import Path
 
 import pytest
 
-from backports.megatron import activation, cli, status
+from backports.megatron import activation, cli, import_notices, revert, status, switches
 from tests import standins
 from tests.conftest import BACKPORT_ID
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -20,21 +28,78 @@ def _main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str
     return code, out, err
 
 
-def test_status_json_is_status(tilelang_dsa, capsys, tmp_path):
+@pytest.fixture
+def start_up_reads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """``tmp_path`` as a site-packages folder whose .pth files every interpreter runs."""
+    monkeypatch.setattr(site, "getsitepackages", lambda prefixes=None: [str(tmp_path)])
+    return tmp_path
+
+
+def _without_hook(report: dict) -> dict:
+    return {**report, "evidence": {k: v for k, v in report["evidence"].items() if k != "hook"}}
+
+
+def test_status_json_is_status_plus_the_hook_state(tilelang_dsa, capsys, tmp_path):
     code, out, _ = _main(capsys, "status", "--json", "--site-dir", str(tmp_path))
     assert code == 0
-    assert json.loads(out) == [report.to_dict() for report in status()]
+    (report,) = json.loads(out)
+    assert [_without_hook(report)] == [report.to_dict() for report in status()]
+    hook = report["evidence"]["hook"]
+    assert hook["path"] == str(tmp_path / activation.HOOK_FILE)
+    assert (hook["exists"], hook["applies"]) == (False, False)
 
 
 def test_status_table_says_what_apply_would_do(tilelang_dsa, capsys, tmp_path):
     code, out, _ = _main(capsys, "status", "--site-dir", str(tmp_path))
-    header, row, hook = out.splitlines()
+    header, row, hook, note = out.splitlines()
     assert header.split()[:5] == ["id", "upstream", "megatron-core", "verdict", "action"]
     upstream = "NVIDIA/Megatron-LM#7617"
     assert row.split()[:5] == [BACKPORT_ID, upstream, "0.19.2", "needed", "would-install"]
     assert "lacks the fix" in row
     assert hook.startswith(f"hook: none in {tmp_path}")
+    assert note.startswith(f"note: {tmp_path} is not a site-packages folder")
     assert code == 0 and activation.read_hook(tmp_path).exists is False
+
+
+def test_after_apply_status_says_the_hook_installs_it(tilelang_dsa, capsys, start_up_reads):
+    assert _main(capsys, "apply", "--site-dir", str(start_up_reads))[0] == 0
+    revert()  # a new process: nothing installed in it yet
+    code, out, _ = _main(capsys, "status", "--site-dir", str(start_up_reads))
+    _header, row, hook = out.splitlines()
+    assert code == 0 and row.split()[3:5] == ["needed", "active-via-hook"]
+    assert "the start-up hook installs it in each new process" in row
+    path = start_up_reads / activation.HOOK_FILE
+    assert hook == f"hook: {path} activates the backports in every new interpreter"
+    _, out, _ = _main(capsys, "status", "--json", "--site-dir", str(start_up_reads))
+    (report,) = json.loads(out)
+    assert (
+        report["action"] == "active-via-hook" and report["evidence"]["target"]["installed"] is False
+    )
+    assert report["evidence"]["hook"] == {
+        "path": str(start_up_reads / activation.HOOK_FILE),
+        "exists": True,
+        "current": True,
+        "runs_at_startup": True,
+        "applies": True,
+        "only": None,
+        "strict": False,
+    }
+
+
+def test_a_hook_start_up_never_reads_activates_nothing(tilelang_dsa, capsys, tmp_path):
+    _main(capsys, "apply", "--site-dir", str(tmp_path))
+    revert()
+    _code, out, _ = _main(capsys, "status", "--json", "--site-dir", str(tmp_path))
+    (report,) = json.loads(out)
+    assert report["action"] == "would-install"
+    assert report["evidence"]["hook"]["runs_at_startup"] is False
+
+
+def test_a_hook_for_other_backports_does_not_apply_this_one(tilelang_dsa, capsys, start_up_reads):
+    activation.write_hook(start_up_reads, ())  # a hook that applies no backport
+    _code, out, _ = _main(capsys, "status", "--json", "--site-dir", str(start_up_reads))
+    (report,) = json.loads(out)
+    assert report["action"] == "would-install" and report["evidence"]["hook"]["applies"] is False
 
 
 def test_status_strict_fails_on_incompatible(tilelang_dsa, monkeypatch, capsys, tmp_path):
@@ -94,9 +159,13 @@ def test_unknown_id_is_a_usage_error(capsys, tmp_path):
     assert not activation.read_hook(tmp_path).exists
 
 
-def test_unwritable_site_dir_is_an_error(tilelang_dsa, capsys, tmp_path):
-    code, _, err = _main(capsys, "apply", "--site-dir", str(tmp_path / "missing"))
-    assert code == 2 and "backports:" in err
+@pytest.mark.parametrize("command", ["apply", "status", "revert"])
+def test_a_missing_site_dir_is_named_as_missing(tilelang_dsa, capsys, tmp_path, command):
+    missing = tmp_path / "missing"
+    code, out, err = _main(capsys, command, "--site-dir", str(missing))
+    assert (code, out) == (2, "")
+    assert err == f"backports: site dir {missing} does not exist\n"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_revert_removes_the_hook_and_reverts_idempotently(tilelang_dsa, capsys, tmp_path):
@@ -107,6 +176,189 @@ def test_revert_removes_the_hook_and_reverts_idempotently(tilelang_dsa, capsys, 
     assert f"hook: removed {tmp_path / activation.HOOK_FILE}" in out and "reverted" in out
     code, out, _ = _main(capsys, "revert", "--site-dir", str(tmp_path))
     assert code == 0 and "hook: none at" in out and "not-installed" in out
+
+
+def test_revert_in_a_new_process_says_it_removed_the_hook(tilelang_dsa, capsys, tmp_path):
+    _main(capsys, "apply", "--site-dir", str(tmp_path))
+    revert()  # a new process: nothing installed in it; the hook is what revert undoes
+    code, out, _ = _main(capsys, "revert", "--site-dir", str(tmp_path))
+    _header, row, note = out.splitlines()
+    hook = tmp_path / activation.HOOK_FILE
+    assert row.split()[:2] == [BACKPORT_ID, "reverted"]
+    assert f"removed the start-up hook {hook}: new processes do not apply it" in row
+    assert code == 0 and note == f"hook: removed {hook}" and not hook.exists()
+
+
+def test_revert_json_reports_what_it_did_with_the_probed_verdict(tilelang_dsa, capsys, tmp_path):
+    _main(capsys, "apply", "--site-dir", str(tmp_path))
+    revert()
+    code, out, err = _main(capsys, "revert", "--json", "--site-dir", str(tmp_path))
+    (report,) = json.loads(out)
+    assert code == 0 and report["action"] == "reverted"
+    assert report["verdict"] == "needed" and "lacks the fix" not in report["reason"]
+    assert report["evidence"]["behaviour"]["fixed"] is False  # probed, not made up
+    assert report["evidence"]["hook"] == {
+        "path": str(tmp_path / activation.HOOK_FILE),
+        "removed": True,
+    }
+    assert "hook: removed" in err
+    code, out, _ = _main(capsys, "revert", "--json", "--site-dir", str(tmp_path))
+    (report,) = json.loads(out)
+    assert report["action"] == "not-installed" and report["evidence"]["hook"]["removed"] is False
+    assert report["reason"].startswith("nothing to revert")
+
+
+def test_revert_json_under_an_upstream_fix_reports_upstream(
+    tilelang_dsa, monkeypatch, capsys, tmp_path
+):
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    _, out, _ = _main(capsys, "revert", "--json", "--site-dir", str(tmp_path))
+    (report,) = json.loads(out)
+    assert (report["verdict"], report["action"]) == ("upstream", "not-installed")
+
+
+# ---- the switches a `backports apply` runs under --------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["0", "off", "False"])
+def test_apply_with_every_backport_off_writes_no_hook_and_says_so(
+    tilelang_dsa, monkeypatch, capsys, tmp_path, value
+):
+    monkeypatch.setenv("MEGATRON_BACKPORTS", value)
+    code, out, _ = _main(capsys, "apply", "--site-dir", str(tmp_path))
+    assert code == 0 and not activation.read_hook(tmp_path).exists
+    assert (
+        f"hook: not written: every backport asked for is off (MEGATRON_BACKPORTS={value} is set)"
+        in out
+    )
+    assert not hasattr(tilelang_dsa.fused_sparse_mla_absorbed, "__backport__")
+
+
+def test_apply_with_every_backport_off_names_an_earlier_hook(
+    tilelang_dsa, monkeypatch, capsys, tmp_path
+):
+    activation.write_hook(tmp_path)
+    monkeypatch.setenv("MEGATRON_BACKPORTS", "0")
+    _, out, _ = _main(capsys, "apply", "--site-dir", str(tmp_path))
+    hook = tmp_path / activation.HOOK_FILE
+    assert f"{hook} from an earlier apply stays (`backports revert` removes it)" in out
+    assert hook.exists()
+
+
+def test_apply_leaves_skipped_backports_out_of_the_hook(
+    tilelang_dsa, monkeypatch, capsys, tmp_path
+):
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP", f"other, {BACKPORT_ID}")
+    code, out, _ = _main(capsys, "apply", "--site-dir", str(tmp_path))
+    assert code == 0 and not activation.read_hook(tmp_path).exists
+    expected = f"every backport asked for is off (MEGATRON_BACKPORTS_SKIP names {BACKPORT_ID})"
+    assert expected in out
+
+
+def test_apply_says_the_hook_does_not_record_upstream_only(
+    tilelang_dsa, monkeypatch, capsys, tmp_path
+):
+    monkeypatch.setenv("MEGATRON_BACKPORTS_UPSTREAM_ONLY", "yes")
+    _, out, _ = _main(capsys, "apply", "--site-dir", str(tmp_path))
+    assert "MEGATRON_BACKPORTS_UPSTREAM_ONLY=yes holds for this process only" in out
+    assert activation.read_hook(tmp_path).config == {"strict": False, "only": None}
+    monkeypatch.delenv("MEGATRON_BACKPORTS_UPSTREAM_ONLY")
+    _, out, _ = _main(capsys, "apply", "--site-dir", str(tmp_path))
+    assert "UPSTREAM_ONLY" not in out
+
+
+def test_a_bad_switch_value_is_one_warning_line_among_the_notes(
+    tilelang_dsa, monkeypatch, capsys, tmp_path
+):
+    monkeypatch.setattr(switches, "_warned", set())
+    monkeypatch.setenv("MEGATRON_BACKPORTS", "maybe")
+    code, out, err = _main(capsys, "status", "--site-dir", str(tmp_path))
+    lines = [line for line in out.splitlines() if "MEGATRON_BACKPORTS='maybe'" in line]
+    assert lines == [
+        "warning: megatron-backports: MEGATRON_BACKPORTS='maybe' is neither on (1, true, on, "
+        "yes) nor off (0, false, off, no); using the default, on"
+    ]
+    assert code == 0 and err == "" and "would-install" in out
+
+
+# ---- conventions ----------------------------------------------------------------------------
+
+
+def test_version_is_the_distribution_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert exit_.value.code == 0 and capsys.readouterr().out == f"megatron-backports {version}\n"
+
+
+def test_help_lists_the_backport_ids_and_the_variables(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    for name in (
+        BACKPORT_ID,
+        "MEGATRON_BACKPORTS=0",
+        "MEGATRON_BACKPORTS_SKIP=ID,...",
+        "MEGATRON_BACKPORTS_UPSTREAM_ONLY=1",
+    ):
+        assert name in out
+
+
+TE_NOTICE = "Transformer Engine and Apex are not installed. Falling back to Torch optimizers."
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (["status"], False),
+        (["-v", "status"], True),
+        (["status", "-v"], True),
+        (["--verbose", "status", "--json"], True),
+    ],
+)
+def test_verbose_shows_import_notices_wherever_it_goes(
+    tilelang_dsa, monkeypatch, capsys, tmp_path, argv, shown
+):
+    def status_importing_megatron(only=None):
+        # megatron is imported once per test session; a fresh process warns while probing.
+        warnings.warn(TE_NOTICE, UserWarning, stacklevel=1)
+        return status(only)
+
+    monkeypatch.setattr(cli, "status", status_importing_megatron)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _main(capsys, *argv, "--site-dir", str(tmp_path))[0] == 0
+    assert [str(w.message) for w in caught] == ([TE_NOTICE] if shown else [])
+
+
+def test_known_import_notices_are_hidden_and_others_are_not(caplog):
+    # What megatron-core 0.19.2 and torch print on a machine without CUDA, TE, Apex, absl.
+    notices = [
+        (
+            UserWarning,
+            "Transformer Engine and Apex are not installed. Falling back to Torch optimizers.",
+        ),
+        (UserWarning, "Apex is not installed. Falling back to Torch Norm"),
+        (UserWarning, "absl.logging is not installed. Using logging.getLogger(__name__) instead."),
+    ]
+    cuda = "No CUDA runtime is found, using CUDA_HOME='/usr/local'"
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
+        warnings.simplefilter("always")
+        with import_notices.hidden():
+            for category, message in notices:
+                warnings.warn(message, category, stacklevel=1)
+            warnings.warn("Transformer Engine is broken", UserWarning, stacklevel=1)
+            logger.warning(cuda)
+            logger.warning("something else")
+        hidden_then = [str(w.message) for w in caught]
+        logs_then = [r.getMessage() for r in caplog.records]
+        warnings.warn(notices[0][1], UserWarning, stacklevel=1)
+        logger.warning(cuda)
+    assert hidden_then == ["Transformer Engine is broken"]
+    assert logs_then == ["something else"]
+    assert str(caught[-1].message) == notices[0][1]  # shown again after the block
+    assert caplog.records[-1].getMessage() == cuda
 
 
 def test_cli_ignores_this_interpreters_trigger(tilelang_dsa, capsys, tmp_path):

@@ -66,6 +66,8 @@ def test_apply_then_revert_reaches_fresh_interpreters(venv):
     assert re.search(rf"{BACKPORT_ID}\s.*\bneeded\s+installed\b", out)
 
     assert _patched(venv.run(["python", "-c", PATCHED])) == [BACKPORT_ID]
+    status = _ok(venv.run(["backports", "status"]))  # not installed in its own process
+    assert re.search(rf"{BACKPORT_ID}\s.*\bneeded\s+active-via-hook\b", status)
     disabled = venv.run(["python", "-c", PATCHED], extra_env={"MEGATRON_BACKPORTS": "0"})
     assert _patched(disabled) == ["None"]
 
@@ -85,7 +87,9 @@ def test_status_json_matches_status(venv):
     reports = json.loads(_ok(venv.run(["backports", "status", "--json"])))
     in_process = "import json; from backports.megatron import status\n"
     in_process += "print(json.dumps([r.to_dict() for r in status()]))"
+    hooks = [r["evidence"].pop("hook") for r in reports]  # the CLI adds the hook's state
     assert reports == json.loads(_ok(venv.run(["python", "-c", in_process])).splitlines()[-1])
+    assert [(h["path"], h["exists"]) for h in hooks] == [(str(venv.hook), False)]
     assert [(r["id"], r["verdict"], r["action"]) for r in reports] == [
         (BACKPORT_ID, "needed", "would-install")
     ]

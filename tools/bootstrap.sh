@@ -33,18 +33,56 @@ fi
 "$VENV/bin/python" -c 'import sys; assert sys.version_info[:2] == (3, 12), sys.version' || {
     echo "[bootstrap] $VENV is not Python 3.12; remove it or set VENV=" >&2; exit 2; }
 
-# Reinstall only when the project's dependencies changed.
+# What a working install has: this clone's package, its console script, and the big
+# dependencies. A stamp alone is not enough: after `pip uninstall megatron-backports` it
+# still says "installed" while .venv/bin/backports is gone.
+install_problem() {
+    [ -x "$VENV/bin/backports" ] || { echo "$VENV/bin/backports is missing"; return; }
+    # -I: neither the caller's folder nor PYTHONPATH may stand in for the install.
+    "$VENV/bin/python" -I - "$ROOT" <<'PY' 2>&1 || true
+import importlib.metadata, importlib.util, sys
+from pathlib import Path
+for name in ("megatron-backports", "megatron-core", "torch", "pytest"):
+    try:
+        importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        sys.exit(f"{name} is not installed")
+spec = importlib.util.find_spec("backports.megatron")
+origin = spec.origin if spec else None
+if origin is None or not Path(origin).resolve().is_relative_to(Path(sys.argv[1]).resolve()):
+    sys.exit(f"backports.megatron comes from {origin}, not from {sys.argv[1]}")
+PY
+}
+
 stamp="$VENV/.megatron-backports-installed"
 want=$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    echo "[bootstrap] installing megatron-backports[dev] (torch, megatron-core 0.19.2) into $VENV" >&2
+    why="first install, or pyproject.toml changed"
+else
+    why=$(install_problem)
+fi
+if [ -n "$why" ]; then
     log="$VENV/install.log"
-    if ! { "$VENV/bin/python" -m pip install --upgrade pip &&
-           "$VENV/bin/python" -m pip install -e "$ROOT[dev]"; } >"$log" 2>&1; then
-        tail -n 40 "$log" >&2
+    started=$SECONDS
+    rm -f "$stamp"
+    echo "[bootstrap] installing megatron-backports[dev] into $VENV ($why)" >&2
+    echo "[bootstrap] the first time: torch and megatron-core 0.19.2, ~5.5 GB, ~90 s; full log: $log" >&2
+    : >"$log"
+    # pip's own progress (a bar per download on a terminal; name and size otherwise) on
+    # stderr, where the other set-up lines go; --log keeps pip's verbose log.
+    echo "[bootstrap] step 1/2: pip" >&2
+    if ! "$VENV/bin/python" -m pip install --log "$log" -q --upgrade pip 1>&2 ||
+       ! { echo "[bootstrap] step 2/2: megatron-backports[dev] and its dependencies" >&2
+           "$VENV/bin/python" -m pip install --log "$log" -e "$ROOT[dev]" 1>&2; }; then
         echo "[bootstrap] pip install failed; full log: $log" >&2
         exit 1
     fi
+    why=$(install_problem)
+    if [ -n "$why" ]; then
+        echo "[bootstrap] pip finished but the install is incomplete: $why; full log: $log" >&2
+        exit 1
+    fi
     echo "$want" > "$stamp"
+    echo "[bootstrap] done in $((SECONDS - started)) s; $VENV holds $(du -sh "$VENV" | cut -f1)" >&2
 fi
 export VENV ROOT

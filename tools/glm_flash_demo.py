@@ -49,17 +49,24 @@ def main() -> int:
         action="store_true",
         help="call no apply() before megatron's import: `backports apply`'s start-up hook must",
     )
+    parser.add_argument("-v", "--verbose", action="store_true", help="show import notices")
     args = parser.parse_args()
 
     if not args.via_hook:
         _print_reports("apply() at job start, before megatron is imported", backports.apply())
 
     import importlib
+    from contextlib import nullcontext
 
-    import torch
+    from backports.megatron.import_notices import hidden
 
-    tilelang_dsa = importlib.import_module(TILELANG_DSA)  # the post-import hook fires here
-    from megatron.core.transformer.experimental_attention_variant import dsa, dsa_kernels
+    # Without CUDA, Transformer Engine, Apex or absl, torch and megatron print ~11 lines of
+    # notices on import that bury the result: hidden, as by `backports`; -v shows them.
+    with nullcontext() if args.verbose else hidden():
+        import torch
+
+        tilelang_dsa = importlib.import_module(TILELANG_DSA)  # the post-import hook fires here
+        from megatron.core.transformer.experimental_attention_variant import dsa, dsa_kernels
 
     if args.via_hook:
         marker = getattr(tilelang_dsa.fused_sparse_mla_absorbed, "__backport__", None)

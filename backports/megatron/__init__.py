@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from .api import applied, apply, revert, status
     from .errors import BackportError, BackportWarning
-    from .manifest import manifest
+    from .process_manifest import manifest
     from .ranks import verify_ranks
     from .report import Action, Report, Verdict
 
@@ -33,7 +33,8 @@ __all__ = [
     "verify_ranks",
 ]
 
-# public name -> the submodule that defines it
+# public name -> the submodule that defines it. No submodule may share a public name:
+# importing it would rebind the package attribute from the function to the module.
 _HOMES = {
     "Action": "report",
     "BackportError": "errors",
@@ -42,7 +43,7 @@ _HOMES = {
     "Verdict": "report",
     "applied": "api",
     "apply": "api",
-    "manifest": "manifest",
+    "manifest": "process_manifest",
     "revert": "api",
     "status": "api",
     "verify_ranks": "ranks",

@@ -45,8 +45,9 @@ def install(packages: "tuple[str, ...]", config: "dict[str, Any]") -> "Any":
     ``config`` holds ``apply()``'s arguments (``only``, ``strict``).
     """
     global trigger
-    # The same variable as api.ENV_ENABLE (a test keeps them equal).
-    if os.environ.get("MEGATRON_BACKPORTS", "").strip() == "0":
+    # switches.ENABLE and switches.FALSE, spelled out: start-up imports nothing of ours
+    # (tests/test_switches.py keeps them equal). Other values are switches.py's to judge.
+    if os.environ.get("MEGATRON_BACKPORTS", "").strip().lower() in ("0", "false", "off", "no"):
         return None
     sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, MARKER, False)]
     namespace: Any = type(sys.implementation)  # types.SimpleNamespace, without importing types

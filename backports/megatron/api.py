@@ -4,14 +4,13 @@ Data flows one way: catalog -> probe -> verdict -> patcher -> report.
 """
 
 import logging
-import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
-from . import patcher, post_import
+from . import patcher, post_import, switches
 from .catalog import BackportSpec, select
 from .errors import BackportError, BackportWarning
 from .local_changes import wrap_all
@@ -23,9 +22,10 @@ from .vendored import load_replacement
 
 __all__ = ["applied", "apply", "disabled_reason", "is_deferred", "last_report", "revert", "status"]
 
-ENV_ENABLE = "MEGATRON_BACKPORTS"  # "0" turns every backport off
-ENV_SKIP = "MEGATRON_BACKPORTS_SKIP"  # comma-separated ids to turn off
-ENV_UPSTREAM_ONLY = "MEGATRON_BACKPORTS_UPSTREAM_ONLY"  # "1": vendored code, no local changes
+# The environment switches; switches.py reads them (spellings, warnings).
+ENV_ENABLE = switches.ENABLE
+ENV_SKIP = switches.SKIP
+ENV_UPSTREAM_ONLY = switches.UPSTREAM_ONLY
 
 UPSTREAM_ONLY = "upstream-only"  # the two modes an installed backport runs in
 WITH_LOCAL_CHANGES = "local-changes"
@@ -43,12 +43,7 @@ class _StrictFailure(BackportError):
 
 def disabled_reason(spec: BackportSpec) -> str | None:
     """Why the environment turns ``spec`` off, or None."""
-    if os.environ.get(ENV_ENABLE, "").strip() == "0":
-        return f"{ENV_ENABLE}=0 turns every backport off"
-    skipped = {part.strip() for part in os.environ.get(ENV_SKIP, "").split(",")}
-    if spec.id in skipped:
-        return f"{ENV_SKIP} names {spec.id}"
-    return None
+    return switches.disabled_reason(spec.id)
 
 
 def _announce(report: Report) -> None:
@@ -73,7 +68,7 @@ def upstream_only_requested(upstream_only: bool | None = None) -> bool:
     """The argument if given, else ``MEGATRON_BACKPORTS_UPSTREAM_ONLY``."""
     if upstream_only is not None:
         return upstream_only
-    return os.environ.get(ENV_UPSTREAM_ONLY, "").strip() == "1"
+    return switches.upstream_only()
 
 
 def mode_evidence(spec: BackportSpec, upstream_only: bool) -> dict[str, object]:

@@ -2,27 +2,39 @@
 
 Exit codes: 0 done; 1 a check failed (``--strict`` with an incompatible backport,
 ``audit --fail-on-landed`` with a landed one); 2 the command could not run (bad
-arguments, an unknown backport id, a hook file that cannot be written, a candidate that
-cannot be probed).
+arguments, an unknown backport id, a hook folder that does not exist or cannot be
+written, a candidate that is not megatron-core or cannot be probed).
+
+The command prints its own words: other packages' known import notices are hidden
+(``-v`` shows them), and a ``BackportWarning`` becomes a ``warning:`` line among the notes.
 """
 
 import argparse
+import importlib.metadata
 import json
+import os
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-from . import activation
+from . import activation, import_notices, switches
 from .api import apply, revert, status
 from .audit import audit, candidate_dir, outcome
+from .catalog import CATALOG, select
 from .errors import BackportError, BackportWarning
-from .report import Report, Verdict
+from .report import Action, Report, Verdict
 
 __all__ = ["main"]
 
 _OK, _CHECK_FAILED, _CANNOT_RUN = 0, 1, 2
+_DISTRIBUTION = "megatron-backports"
+
+
+# ---- the table and the JSON ----------------------------------------------------------------
 
 
 def _upstream_label(report: Report) -> str:
@@ -42,8 +54,10 @@ _UPSTREAM: Column = ("upstream", _upstream_label)
 _CORE: Column = ("megatron-core", _core_version)
 _VERDICT: Column = ("verdict", lambda r: str(r.verdict))
 _ACTION: Column = ("action", lambda r: str(r.action))
+_OUTCOME: Column = ("outcome", outcome)
 _REASON: Column = ("reason", lambda r: r.reason)
 _STATUS_COLUMNS = (_ID, _UPSTREAM, _CORE, _VERDICT, _ACTION, _REASON)
+_AUDIT_COLUMNS = (_ID, _UPSTREAM, ("candidate", _core_version), _VERDICT, _OUTCOME, _REASON)
 
 
 def _table(reports: list[Report], columns: Sequence[Column]) -> str:
@@ -62,10 +76,16 @@ def _emit(
     reports: list[Report],
     notes: list[str],
     columns: Sequence[Column] = _STATUS_COLUMNS,
+    json_extra: Sequence[Column] = (),
 ) -> None:
-    """Reports as JSON on stdout (notes on stderr), or a table and the notes on stdout."""
+    """Reports as JSON on stdout (notes on stderr), or a table and the notes on stdout.
+
+    ``json_extra``: table columns that are no ``Report`` field, added to each JSON object.
+    """
+    notes = [*args.warning_notes, *notes]
     if args.json:
-        json.dump([r.to_dict() for r in reports], sys.stdout, indent=2)
+        data = [{**r.to_dict(), **{title: cell(r) for title, cell in json_extra}} for r in reports]
+        json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
         for note in notes:
             print(note, file=sys.stderr)
@@ -75,17 +95,48 @@ def _emit(
         print(note)
 
 
+# ---- the hook file, as the commands report it ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Hook:
+    """The hook file of a site dir, read once per command."""
+
+    state: activation.HookState
+    current: bool
+    runs_at_startup: bool  # in a site-packages folder of this interpreter
+
+    @classmethod
+    def read(cls, site_dir: Path) -> "_Hook":
+        state = activation.read_hook(site_dir)
+        return cls(state, state.current, activation.is_site_dir(site_dir))
+
+    def applies(self, backport_id: str) -> bool:
+        """Whether later processes apply ``backport_id`` through this hook."""
+        if not (self.current and self.runs_at_startup) or self.state.config is None:
+            return False
+        only = self.state.config.get("only")
+        return only is None or backport_id in only
+
+    def evidence(self, backport_id: str) -> dict[str, Any]:
+        config = self.state.config or {}
+        return {
+            "path": str(self.state.path),
+            "exists": self.state.exists,
+            "current": self.current,  # written by this version for this interpreter
+            "runs_at_startup": self.runs_at_startup,
+            "applies": self.applies(backport_id),
+            "only": None if config.get("only") is None else list(config["only"]),
+            "strict": bool(config.get("strict", False)),
+        }
+
+
 def _site_dir(args: argparse.Namespace) -> Path:
-    return Path(args.site_dir) if args.site_dir else activation.default_site_dir()
-
-
-def _hook_note(site_dir: Path) -> str:
-    state = activation.read_hook(site_dir)
-    if not state.exists:
-        return f"hook: none in {site_dir}: `backports apply` activates the backports at job start"
-    if not state.current:
-        return f"hook: {state.path} is stale or not ours: rerun `backports apply` to refresh it"
-    return f"hook: {state.path} activates the backports in every new interpreter"
+    site_dir = Path(args.site_dir) if args.site_dir else activation.default_site_dir()
+    if not site_dir.is_dir():
+        what = "is not a folder" if site_dir.exists() else "does not exist"
+        raise BackportError(f"site dir {site_dir} {what}")
+    return site_dir
 
 
 def _site_warning(site_dir: Path) -> list[str]:
@@ -97,43 +148,145 @@ def _site_warning(site_dir: Path) -> list[str]:
     ]
 
 
+def _with_hook(report: Report, hook: _Hook) -> Report:
+    """``report`` with the hook's state in its evidence, and in its action where it applies."""
+    evidence = {**report.evidence, "hook": hook.evidence(report.id)}
+    if report.action is Action.WOULD_INSTALL and hook.applies(report.id):
+        reason = f"{report.reason}; the start-up hook installs it in each new process"
+        return replace(report, action=Action.ACTIVE_VIA_HOOK, reason=reason, evidence=evidence)
+    return replace(report, evidence=evidence)
+
+
 def _only(args: argparse.Namespace) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(args.only)) if args.only else None
 
 
+# ---- the commands --------------------------------------------------------------------------
+
+
+def _status_note(hook: _Hook, site_dir: Path) -> str:
+    path = hook.state.path
+    if not hook.state.exists:
+        return f"hook: none in {site_dir}: `backports apply` activates the backports at job start"
+    if not hook.current:
+        return f"hook: {path} is stale or not ours: rerun `backports apply` to refresh it"
+    only = (hook.state.config or {}).get("only")
+    which = "the backports" if only is None else ", ".join(only)
+    return f"hook: {path} activates {which} in every new interpreter"
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
-    reports = status(_only(args))
-    _emit(args, reports, [_hook_note(_site_dir(args))])
+    site_dir = _site_dir(args)
+    hook = _Hook.read(site_dir)
+    reports = [_with_hook(report, hook) for report in status(_only(args))]
+    _emit(args, reports, [_status_note(hook, site_dir), *_site_warning(site_dir)])
     incompatible = any(r.verdict is Verdict.INCOMPATIBLE for r in reports)
     return _CHECK_FAILED if args.strict and incompatible else _OK
 
 
+def _hook_selection(only: tuple[str, ...] | None) -> tuple[bool, tuple[str, ...] | None, str]:
+    """(write a hook?, its ``only``, why it differs from the command's selection).
+
+    The switches this command runs under are meant for the environment too: the ids that
+    ``MEGATRON_BACKPORTS_SKIP`` names are left out of the hook, and under
+    ``MEGATRON_BACKPORTS=0`` (or a skip of every selected id) no hook is written.
+    """
+    if not switches.enabled():
+        return False, None, f"{switches.ENABLE}={os.environ[switches.ENABLE].strip()} is set"
+    ids = [spec.id for spec in select(only)]
+    left_out = [i for i in ids if i in switches.skipped_ids()]
+    if not left_out:
+        return True, only, ""
+    kept = tuple(i for i in ids if i not in left_out)
+    return bool(kept), kept, f"{switches.SKIP} names {', '.join(left_out)}"
+
+
+def _write_hook(args: argparse.Namespace, site_dir: Path) -> list[str]:
+    """Write the hook as this command's arguments and switches ask; notes on what it did."""
+    write, hook_only, why = _hook_selection(_only(args))
+    if not write:
+        note = f"hook: not written: every backport asked for is off ({why})"
+        earlier = activation.read_hook(site_dir)
+        if earlier.exists:
+            note += f"; {earlier.path} from an earlier apply stays (`backports revert` removes it)"
+        return [note]
+    state, changed = activation.write_hook(site_dir, hook_only, args.strict)
+    notes = [f"hook: {'wrote' if changed else 'unchanged:'} {state.path}"]
+    if why:
+        notes.append(
+            f"hook: leaves out what {why}: later processes do not apply it "
+            "(to include it, rerun `backports apply` without the variable)"
+        )
+    return notes + _site_warning(site_dir)
+
+
+def _process_only_notes() -> list[str]:
+    if not switches.upstream_only():
+        return []
+    value = os.environ[switches.UPSTREAM_ONLY].strip()
+    return [
+        f"note: {switches.UPSTREAM_ONLY}={value} holds for this process only: the hook does "
+        "not record it; set it in the job's environment too"
+    ]
+
+
 def _cmd_apply(args: argparse.Namespace) -> int:
+    site_dir = _site_dir(args)  # before any work: a mistyped folder is a usage error
     only = _only(args)
     # status() imports the target module, so apply() below probes it and installs now
     # instead of deferring: this output is the truth for this environment.
     status(only)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", BackportWarning)
-        try:
-            reports = apply(only, strict=args.strict)
-        except BackportError as exc:
-            if not args.strict:
-                raise
-            print(f"backports: {exc}; hook not written", file=sys.stderr)
-            return _CHECK_FAILED
-    site_dir = _site_dir(args)
-    state, changed = activation.write_hook(site_dir, only, args.strict)
-    where = "wrote" if changed else "unchanged:"
-    notes = [f"warning: {w.message}" for w in caught if issubclass(w.category, BackportWarning)]
-    notes += [f"hook: {where} {state.path}", *_site_warning(site_dir)]
+    try:
+        reports = apply(only, strict=args.strict)
+    except BackportError as exc:
+        if not args.strict:
+            raise
+        print(f"backports: {exc}; hook not written", file=sys.stderr)
+        return _CHECK_FAILED
+    notes = _write_hook(args, site_dir) + _process_only_notes()
+    hook = _Hook.read(site_dir)
+    reports = [replace(r, evidence={**r.evidence, "hook": hook.evidence(r.id)}) for r in reports]
     _emit(args, reports, notes)
     return _OK
 
 
+def _hook_applied(removed: activation.HookState, backport_id: str) -> bool:
+    """Whether the removed hook applied ``backport_id`` (a file we cannot read: say yes)."""
+    if removed.config is None:
+        return True
+    only = removed.config.get("only")
+    return only is None or backport_id in only
+
+
+def _reverted(report: Report, here: Report, removed: activation.HookState | None) -> Report:
+    """``report`` saying what revert did for its backport: the hook, and this process."""
+    hook_applied = removed is not None and _hook_applied(removed, report.id)
+    done = []
+    if removed is not None and hook_applied:
+        done.append(f"removed the start-up hook {removed.path}: new processes do not apply it")
+    elif removed is not None:
+        done.append(f"the removed hook {removed.path} did not apply it")
+    if here.action is Action.REVERTED:
+        done.append(f"in this process: {here.reason}")
+    reverted = hook_applied or here.action is Action.REVERTED
+    reason = "; ".join(done) or "nothing to revert: no start-up hook, nothing installed here"
+    hook = {"path": None if removed is None else str(removed.path), "removed": hook_applied}
+    return replace(
+        report,
+        action=Action.REVERTED if reverted else Action.NOT_INSTALLED,
+        reason=reason,
+        evidence={**report.evidence, "hook": hook},
+    )
+
+
 def _cmd_revert(args: argparse.Namespace) -> int:
-    reports = revert()
-    state, removed = activation.remove_hook(_site_dir(args))
+    site_dir = _site_dir(args)
+    here = {r.id: r for r in revert()}
+    state, removed = activation.remove_hook(site_dir)
+    # The table shows what was done; --json adds each backport's verdict and evidence,
+    # which takes a probe (as `status --json`): revert itself decides nothing.
+    reports = status() if args.json else list(here.values())
+    reports = [_reverted(r, here[r.id], state if removed else None) for r in reports]
     note = f"hook: removed {state.path}" if removed else f"hook: none at {state.path}"
     _emit(args, reports, [note], (_ID, _ACTION, _REASON))
     return _OK
@@ -143,27 +296,68 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     wheel = Path(args.wheel) if args.wheel else None
     folder = Path(args.dir) if args.dir else None
     with candidate_dir(wheel, folder) as candidate:
-        reports = audit(candidate, _only(args))
+        label = str(wheel or folder)
+        reports = audit(candidate, _only(args), label=label, verbose=args.verbose)
+    _emit(args, reports, [], _AUDIT_COLUMNS, json_extra=(_OUTCOME,))
     landed = [r.id for r in reports if r.verdict is Verdict.UPSTREAM]
-    columns = (_ID, _UPSTREAM, ("candidate", _core_version), _VERDICT, ("outcome", outcome))
-    _emit(args, reports, [], (*columns, _REASON))
     if landed and args.fail_on_landed:
         print(f"backports: landed in the candidate, delete: {', '.join(landed)}", file=sys.stderr)
         return _CHECK_FAILED
     return _OK
 
 
+# ---- the parser ----------------------------------------------------------------------------
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version(_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed: run from a source tree)"
+
+
+def _two_columns(rows: Sequence[tuple[str, str]]) -> str:
+    width = max(len(left) for left, _ in rows)
+    return "\n".join(f"  {left.ljust(width)}  {right}" for left, right in rows)
+
+
+def _epilog() -> str:
+    backports = _two_columns([(spec.id, spec.title) for spec in CATALOG])
+    environment = _two_columns(
+        [
+            (f"{switches.ENABLE}=0", "every backport off (also: false, off, no)"),
+            (f"{switches.SKIP}=ID,...", "these backports off"),
+            (f"{switches.UPSTREAM_ONLY}=1", "upstream's code alone (also: true, on, yes)"),
+        ]
+    )
+    return (
+        f"backports (the ids --only takes):\n{backports}\n\n"
+        f"environment (read by each process, the start-up hook's included):\n{environment}\n\n"
+        "exit status: 0 done; 1 a check failed (--strict, --fail-on-landed);\n"
+        "  2 the command could not run"
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="backports",
         description="Carry upstream Megatron-LM fixes on a pinned megatron-core.",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"{_DISTRIBUTION} {_version()}")
+    verbose_help = "also show other packages' import notices (no CUDA, Transformer Engine, ...)"
+    parser.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_text: str, run: Callable[[argparse.Namespace], int]) -> Any:
         sub = commands.add_parser(name, help=help_text, description=help_text)
         sub.set_defaults(run=run)
         sub.add_argument("--json", action="store_true", help="print the reports as JSON")
+        # SUPPRESS: `backports -v status` must not be reset by the subcommand's default.
+        sub.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help
+        )
         return sub
 
     def only(sub: Any) -> None:
@@ -200,12 +394,55 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+# ---- main ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def _warnings_as_notes(notes: list[str]) -> Iterator[None]:
+    """Collect each ``BackportWarning`` as a ``warning:`` note; others show as usual."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", BackportWarning)  # the api warns once by itself
+        show = warnings.showwarning
+
+        def showwarning(
+            message: Warning | str,
+            category: type[Warning],
+            filename: str,
+            lineno: int,
+            file: TextIO | None = None,
+            line: str | None = None,
+        ) -> None:
+            if issubclass(category, BackportWarning):
+                notes.append(f"warning: {message}")
+            else:
+                show(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = showwarning
+        yield
+
+
+def _run(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
+    args.warning_notes = []
     # This process decides explicitly; the environment's hook must not apply on its own.
     activation.deactivate()
+    quiet = nullcontext() if args.verbose else import_notices.hidden()
+    with quiet, _warnings_as_notes(args.warning_notes):
+        try:
+            code = int(args.run(args))
+            sys.stdout.flush()  # here, so that a closed pipe is seen by main()
+            return code
+        except BrokenPipeError:
+            raise
+        except (BackportError, OSError) as exc:
+            print(f"backports: {exc}", file=sys.stderr)
+            return _CANNOT_RUN
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     try:
-        return int(args.run(args))
-    except (BackportError, OSError) as exc:
-        print(f"backports: {exc}", file=sys.stderr)
-        return _CANNOT_RUN
+        return _run(argv)
+    except BrokenPipeError:
+        # `backports status | head -1`: the reader has what it wanted; not an error. (The
+        # failed flush dropped the buffer, so the interpreter's last flush has nothing left.)
+        return _OK

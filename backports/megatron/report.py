@@ -25,6 +25,9 @@ class Action(StrEnum):
     DEFERRED = "deferred"  # target not imported yet: installs on first import
     SKIPPED = "skipped"
     WOULD_INSTALL = "would-install"
+    # status: not installed in this process, but the environment's start-up hook installs
+    # it in each new process when megatron's target is imported
+    ACTIVE_VIA_HOOK = "active-via-hook"
     WOULD_SKIP = "would-skip"
     REVERTED = "reverted"
     NOT_INSTALLED = "not-installed"

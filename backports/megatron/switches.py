@@ -1,0 +1,101 @@
+"""The ``MEGATRON_BACKPORTS*`` environment switches, read the same way everywhere.
+
+``MEGATRON_BACKPORTS`` and ``MEGATRON_BACKPORTS_UPSTREAM_ONLY`` take the usual spellings:
+``1 true on yes`` and ``0 false off no``, in any case, surrounding whitespace ignored. An
+unset or empty variable means the default. Anything else is a mistake that must not pass
+silently (``MEGATRON_BACKPORTS=disable`` would otherwise leave the backports on): one
+``BackportWarning`` per variable and value names both and says which default holds.
+``MEGATRON_BACKPORTS_SKIP`` is a comma-separated list of backport ids.
+
+Stdlib and ``errors`` only: the api, the CLI and ``audit`` read the switches through here.
+(The start-up trigger, ``_startup.py``, imports nothing of ours and spells ``FALSE`` out;
+``tests/test_switches.py`` keeps the two in step.)
+"""
+
+import logging
+import os
+import warnings
+from collections.abc import Mapping
+
+from .errors import BackportWarning
+
+__all__ = [
+    "ENABLE",
+    "FALSE",
+    "NAMES",
+    "SKIP",
+    "TRUE",
+    "UPSTREAM_ONLY",
+    "disabled_reason",
+    "enabled",
+    "flag",
+    "skipped_ids",
+    "upstream_only",
+]
+
+ENABLE = "MEGATRON_BACKPORTS"  # off: every backport is disabled
+SKIP = "MEGATRON_BACKPORTS_SKIP"  # comma-separated ids to disable
+UPSTREAM_ONLY = "MEGATRON_BACKPORTS_UPSTREAM_ONLY"  # on: vendored code, no local changes
+NAMES = (ENABLE, SKIP, UPSTREAM_ONLY)
+
+TRUE = frozenset({"1", "true", "on", "yes"})
+FALSE = frozenset({"0", "false", "off", "no"})
+
+_LOG = logging.getLogger("backports.megatron")
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(name: str, raw: str, default: bool) -> None:
+    if (name, raw) in _warned:
+        return
+    _warned.add((name, raw))
+    message = (
+        f"megatron-backports: {name}={raw!r} is neither on (1, true, on, yes) nor off "
+        f"(0, false, off, no); using the default, {'on' if default else 'off'}"
+    )
+    from .ranks import is_rank_zero  # here, not at the top: only a bad value needs it
+
+    if is_rank_zero():
+        warnings.warn(message, BackportWarning, stacklevel=2)
+    else:
+        _LOG.debug("%s", message)
+
+
+def flag(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """The on/off switch ``name``; ``default`` when unset, empty or not a known spelling."""
+    raw = (os.environ if environ is None else environ).get(name, "")
+    value = raw.strip().lower()
+    if not value:
+        return default
+    if value in TRUE:
+        return True
+    if value in FALSE:
+        return False
+    _warn_once(name, raw, default)
+    return default
+
+
+def enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """``MEGATRON_BACKPORTS``: off disables every backport; on by default."""
+    return flag(ENABLE, True, environ)
+
+
+def upstream_only(environ: Mapping[str, str] | None = None) -> bool:
+    """``MEGATRON_BACKPORTS_UPSTREAM_ONLY``: on runs the vendored code alone; off by default."""
+    return flag(UPSTREAM_ONLY, False, environ)
+
+
+def skipped_ids(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The ids ``MEGATRON_BACKPORTS_SKIP`` names."""
+    raw = (os.environ if environ is None else environ).get(SKIP, "")
+    return frozenset(part.strip() for part in raw.split(",") if part.strip())
+
+
+def disabled_reason(backport_id: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """Why the environment turns ``backport_id`` off, or None."""
+    env = os.environ if environ is None else environ
+    if not enabled(env):
+        return f"{ENABLE}={env[ENABLE].strip()} turns every backport off"
+    if backport_id in skipped_ids(env):
+        return f"{SKIP} names {backport_id}"
+    return None
