@@ -26,6 +26,9 @@ def fired(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     """Record trigger firings instead of running apply(); drop triggers afterwards."""
     calls: list[dict] = []
     monkeypatch.setattr(activation, "fire", calls.append)
+    # As in a fresh interpreter: megatron not imported yet (an earlier test may have), or
+    # the hook fires at once, as it should where megatron is already there.
+    monkeypatch.delitem(sys.modules, "megatron", raising=False)
     yield calls
     activation.deactivate()
 

@@ -19,6 +19,7 @@ from .ranks import is_rank_zero
 from .report import Action, Report, Verdict
 from .targets import find_loaded_target
 from .vendored import load_replacement
+from .versions import describe
 
 __all__ = ["applied", "apply", "disabled_reason", "is_deferred", "last_report", "revert", "status"]
 
@@ -176,9 +177,9 @@ def _apply_one(spec: BackportSpec, strict: bool, upstream_only: bool) -> Report:
         # Patch the moment megatron defines the target, not before: importing megatron
         # here would cost the job ~9 s and happen in every process the hook reaches.
         _watch_target(spec, strict, upstream_only)
-        version = early.evidence["distribution"]["version"]
+        version = describe(spec.target.distribution, early.evidence["distribution"])
         reason = (
-            f"{spec.target.distribution} {version} is not imported yet: the behaviour probe "
+            f"{version} is not imported yet: the behaviour probe "
             f"runs, and the backport installs if needed, when {spec.target.modules[-1]} is imported"
         )
         evidence = {**early.evidence, **mode_evidence(spec, upstream_only)}

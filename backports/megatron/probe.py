@@ -12,7 +12,7 @@ from .git_ancestry import commit_ancestry
 from .report import Verdict
 from .targets import ResolvedTarget, TargetMissing, resolve_target
 from .vendored import Integrity, check_integrity, read_upstream
-from .versions import installed_version
+from .versions import describe, installed_version
 
 __all__ = ["ProbeResult", "probe", "probe_without_import"]
 
@@ -70,8 +70,8 @@ def probe_without_import(spec: BackportSpec) -> ProbeResult:
     if installed.version < spec.target_since:
         return ProbeResult(
             Verdict.ABSENT,
-            f"{spec.target.distribution} {installed.version} predates {spec.target_since}, "
-            f"the first release with {spec.target.attribute}",
+            f"{describe(spec.target.distribution, evidence['distribution'])} predates "
+            f"{spec.target_since}, the first release with {spec.target.attribute}",
             evidence,
         )
     return ProbeResult(Verdict.NEEDED, "target not probed yet", evidence, final=False)
@@ -174,12 +174,11 @@ def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
     evidence["behaviour"] = {"fixed": sniff.fixed, **sniff.detail}
     notes = _cross_checks(spec, sniff.fixed, evidence)
     suffix = f" (disagrees: {'; '.join(notes)})" if notes else ""
-    version = evidence["distribution"]["version"]
+    version = describe(spec.target.distribution, evidence["distribution"])
     if sniff.fixed:
         reason = (
-            f"{spec.target.distribution} {version} already has the fix: {sniff.summary}"
-            f"{suffix}. {spec.delete_when_landed}"
+            f"{version} already has the fix: {sniff.summary}{suffix}. {spec.delete_when_landed}"
         )
         return ProbeResult(Verdict.UPSTREAM, reason, evidence, target)
-    reason = f"{spec.target.distribution} {version} lacks the fix: {sniff.summary}{suffix}"
+    reason = f"{version} lacks the fix: {sniff.summary}{suffix}"
     return ProbeResult(Verdict.NEEDED, reason, evidence, target)

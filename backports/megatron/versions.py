@@ -8,7 +8,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-__all__ = ["InstalledVersion", "installed_version"]
+__all__ = ["InstalledVersion", "describe", "installed_version"]
 
 
 @dataclass(frozen=True)
@@ -18,13 +18,31 @@ class InstalledVersion:
     version: Version | None
     source: str
     package_dir: Path | None
+    # The installed distribution's own version when the code that is (or would be)
+    # imported is another tree, e.g. a source checkout first on PYTHONPATH; else None.
+    distribution_version: Version | None = None
 
     def to_dict(self) -> dict[str, str | None]:
         return {
             "version": None if self.version is None else str(self.version),
             "source": self.source,
             "package_dir": None if self.package_dir is None else str(self.package_dir),
+            "distribution_version": (
+                None if self.distribution_version is None else str(self.distribution_version)
+            ),
         }
+
+
+def describe(distribution: str, info: dict[str, str | None]) -> str:
+    """``megatron-core 0.19.2`` from ``InstalledVersion.to_dict()``, saying so when the
+    imported code is not the installed distribution's."""
+    text = f"{distribution} {info['version']}"
+    if info.get("distribution_version"):
+        text += (
+            f" (imported from {info['package_dir']}; the installed {distribution} "
+            f"distribution is {info['distribution_version']})"
+        )
+    return text
 
 
 def _megatron_core_dir() -> Path | None:
@@ -62,16 +80,35 @@ def _version_from_package_info(package_dir: Path) -> Version | None:
         return None
 
 
+def _distribution_package_dir(distribution: str) -> Path | None:
+    """Where the distribution's own ``megatron/core`` files are (None for an editable
+    install or one that lists no files)."""
+    try:
+        files = importlib.metadata.distribution(distribution).files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in files:
+        if file.as_posix() == "megatron/core/__init__.py":
+            return Path(str(file.locate())).resolve().parent
+    return None
+
+
 def installed_version(distribution: str) -> InstalledVersion:
+    """The version of the code that is (or would be) imported, with the distribution's own
+    when they differ: metadata describes what pip installed, not what ``sys.path`` finds
+    first."""
     package_dir = _megatron_core_dir()
     try:
-        return InstalledVersion(
-            Version(importlib.metadata.version(distribution)), "metadata", package_dir
-        )
+        metadata: Version | None = Version(importlib.metadata.version(distribution))
     except (importlib.metadata.PackageNotFoundError, InvalidVersion):
-        pass
+        metadata = None
+    own_dir = _distribution_package_dir(distribution) if metadata is not None else None
+    if metadata is not None and (package_dir is None or own_dir in (None, package_dir)):
+        return InstalledVersion(metadata, "metadata", package_dir)
     if package_dir is not None:
         version = _version_from_package_info(package_dir)
         if version is not None:
-            return InstalledVersion(version, "package_info", package_dir)
+            return InstalledVersion(version, "package_info", package_dir, metadata)
+    if metadata is not None:
+        return InstalledVersion(metadata, "metadata", package_dir)
     return InstalledVersion(None, "missing", package_dir)
