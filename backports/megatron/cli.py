@@ -1,8 +1,9 @@
-"""``backports status / apply / revert / audit``: a thin layer over the api.
+"""``backports status / apply / revert / audit / check``: a thin layer over the api.
 
 Exit codes: 0 done; 1 a check failed (``--strict`` with an incompatible backport,
-``audit --fail-on-landed`` with a landed one); 2 the command could not run (bad
-arguments, an unknown backport id, a hook folder that does not exist or cannot be
+``audit --fail-on-landed`` with a landed one, ``check`` with a backport that is
+incompatible, landed upstream, or not installed where it should be); 2 the command
+could not run (bad arguments, an unknown backport id, a hook folder that does not exist or cannot be
 written, a candidate that is not megatron-core or cannot be probed).
 
 The command prints its own words: other packages' known import notices are hidden
@@ -22,9 +23,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import activation, import_notices, switches
-from .api import apply, revert, status
+from .api import applied, apply, revert, status
 from .audit import audit, candidate_dir, outcome
-from .catalog import CATALOG, select
+from .catalog import CATALOG, by_id, select
+from .check import Judgement, judge
 from .errors import BackportError, BackportWarning
 from .report import Action, Report, Verdict
 
@@ -306,6 +308,35 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return _OK
 
 
+def _cmd_check(args: argparse.Namespace) -> int:
+    only = _only(args)
+    probed = status(only)  # imports the targets, so the apply below installs now
+    with applied(only) as done:  # and reverts on exit: check changes nothing
+        installed = {r.id: r for r in done}
+    args.warning_notes.clear()  # apply's warnings repeat what the "why" column says
+    verdicts = {r.id: judge(by_id(r.id), r, installed.get(r.id)) for r in probed}
+
+    def check_cell(report: Report) -> str:
+        return "ok" if verdicts[report.id].ok else "FAIL"
+
+    def why_cell(report: Report) -> str:
+        return verdicts[report.id].why
+
+    failed = [r.id for r in probed if not verdicts[r.id].ok]
+    summary = (
+        f"check: {len(failed)} of {len(probed)} failed: {', '.join(failed)}"
+        if failed
+        else f"check: all {len(probed)} backports ok"
+    )
+    columns = (_ID, _VERDICT, ("check", check_cell), ("why", why_cell))
+    _emit(args, probed, [summary], columns, json_extra=(("check", _check_json(verdicts)),))
+    return _CHECK_FAILED if failed else _OK
+
+
+def _check_json(verdicts: dict[str, Judgement]) -> Callable[[Report], Any]:
+    return lambda report: verdicts[report.id].to_dict()
+
+
 # ---- the parser ----------------------------------------------------------------------------
 
 
@@ -333,7 +364,7 @@ def _epilog() -> str:
     return (
         f"backports (the ids --only takes):\n{backports}\n\n"
         f"environment (read by each process, the start-up hook's included):\n{environment}\n\n"
-        "exit status: 0 done; 1 a check failed (--strict, --fail-on-landed);\n"
+        "exit status: 0 done; 1 a check failed (check, --strict, --fail-on-landed);\n"
         "  2 the command could not run"
     )
 
@@ -391,6 +422,13 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument(
         "--fail-on-landed", action="store_true", help="exit 1 if a backport has landed there"
     )
+
+    sub = command(
+        "check",
+        "CI gate: exit 1 if a backport is incompatible, landed, or fails to apply",
+        _cmd_check,
+    )
+    only(sub)
     return parser
 
 

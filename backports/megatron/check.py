@@ -1,0 +1,66 @@
+"""The CI gate: is every backport still carrying its weight, and does it still apply?
+
+A patch rots quietly: its fix lands upstream and the copy lives on, or a pin bump moves
+the target and the patch stops applying while CI stays green. ``judge`` turns each report
+into pass or fail so that ``backports check`` can make that a red CI run:
+
+- ``incompatible``: fails (the target is not what the vendored code was written for);
+- ``upstream``: fails (the fix landed: delete the backport);
+- ``absent``: passes only where the distribution predates the target (nothing to carry
+  there); a target missing from a version that should have it, or a distribution that is
+  not installed, fails: the backport would silently do nothing;
+- ``needed``: passes only if ``apply`` really installed it in this process;
+- ``disabled``: passes, with a note (the job's switches turned it off on purpose).
+"""
+
+from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
+
+from .catalog import BackportSpec
+from .report import Action, Report, Verdict
+
+__all__ = ["Judgement", "judge"]
+
+_INSTALLED = (Action.INSTALLED, Action.ALREADY_INSTALLED)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    ok: bool
+    why: str  # one line for the table
+
+    def to_dict(self) -> dict[str, object]:
+        return {"ok": self.ok, "why": self.why}
+
+
+def _absent(spec: BackportSpec, probed: Report) -> Judgement:
+    distribution = probed.evidence.get("distribution") or {}
+    name = distribution.get("name") or spec.target.distribution
+    version = distribution.get("version")
+    if version is None:
+        return Judgement(False, f"{name} is not installed: nothing was checked")
+    try:
+        predates = Version(str(version)) < spec.target_since
+    except InvalidVersion:
+        predates = False
+    if predates:
+        return Judgement(True, f"{name} {version} predates the target: nothing to carry")
+    return Judgement(False, "the target is missing where it should exist: the patch does nothing")
+
+
+def judge(spec: BackportSpec, probed: Report, applied: Report | None) -> Judgement:
+    """Pass or fail for one backport: ``probed`` from ``status``, ``applied`` from ``apply``."""
+    verdict = probed.verdict
+    if verdict is Verdict.INCOMPATIBLE:
+        return Judgement(False, f"does not fit, update or delete it: {probed.reason}")
+    if verdict is Verdict.UPSTREAM:
+        return Judgement(False, f"landed upstream, delete it: {probed.reason}")
+    if verdict is Verdict.ABSENT:
+        return _absent(spec, probed)
+    if verdict is Verdict.DISABLED:
+        return Judgement(True, "disabled by the environment: not checked")
+    if applied is None or applied.action not in _INSTALLED:
+        action = "no report" if applied is None else f"{applied.action}: {applied.reason}"
+        return Judgement(False, f"needed but not installed ({action})")
+    return Judgement(True, "needed, and it installs")
