@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from backports.megatron import activation, cli, import_notices, revert, status, switches
+from backports.megatron.catalog import CATALOG
 from tests import standins
 from tests.conftest import BACKPORT_ID
+from tests.reports import report_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,8 +44,9 @@ def _without_hook(report: dict) -> dict:
 def test_status_json_is_status_plus_the_hook_state(tilelang_dsa, capsys, tmp_path):
     code, out, _ = _main(capsys, "status", "--json", "--site-dir", str(tmp_path))
     assert code == 0
-    (report,) = json.loads(out)
-    assert [_without_hook(report)] == [report.to_dict() for report in status()]
+    reports = json.loads(out)
+    report = report_for(reports, BACKPORT_ID)
+    assert [_without_hook(r) for r in reports] == [r.to_dict() for r in status()]
     hook = report["evidence"]["hook"]
     assert hook["path"] == str(tmp_path / activation.HOOK_FILE)
     assert (hook["exists"], hook["applies"]) == (False, False)
@@ -51,7 +54,9 @@ def test_status_json_is_status_plus_the_hook_state(tilelang_dsa, capsys, tmp_pat
 
 def test_status_table_says_what_apply_would_do(tilelang_dsa, capsys, tmp_path):
     code, out, _ = _main(capsys, "status", "--site-dir", str(tmp_path))
-    header, row, hook, note = out.splitlines()
+    header, *rows, hook, note = out.splitlines()
+    assert [row.split()[0] for row in rows] == [spec.id for spec in CATALOG]
+    row = rows[0]
     assert header.split()[:5] == ["id", "upstream", "megatron-core", "verdict", "action"]
     upstream = "NVIDIA/Megatron-LM#7617"
     assert row.split()[:5] == [BACKPORT_ID, upstream, "0.19.2", "needed", "would-install"]
@@ -65,13 +70,14 @@ def test_after_apply_status_says_the_hook_installs_it(tilelang_dsa, capsys, star
     assert _main(capsys, "apply", "--site-dir", str(start_up_reads))[0] == 0
     revert()  # a new process: nothing installed in it yet
     code, out, _ = _main(capsys, "status", "--site-dir", str(start_up_reads))
-    _header, row, hook = out.splitlines()
+    _header, *rows, hook = out.splitlines()
+    row = rows[[spec.id for spec in CATALOG].index(BACKPORT_ID)]
     assert code == 0 and row.split()[3:5] == ["needed", "active-via-hook"]
     assert "the start-up hook installs it in each new process" in row
     path = start_up_reads / activation.HOOK_FILE
     assert hook == f"hook: {path} activates the backports in every new interpreter"
     _, out, _ = _main(capsys, "status", "--json", "--site-dir", str(start_up_reads))
-    (report,) = json.loads(out)
+    report = report_for(json.loads(out), BACKPORT_ID)
     assert (
         report["action"] == "active-via-hook" and report["evidence"]["target"]["installed"] is False
     )
@@ -90,7 +96,7 @@ def test_a_hook_start_up_never_reads_activates_nothing(tilelang_dsa, capsys, tmp
     _main(capsys, "apply", "--site-dir", str(tmp_path))
     revert()
     _code, out, _ = _main(capsys, "status", "--json", "--site-dir", str(tmp_path))
-    (report,) = json.loads(out)
+    report = report_for(json.loads(out), BACKPORT_ID)
     assert report["action"] == "would-install"
     assert report["evidence"]["hook"]["runs_at_startup"] is False
 
@@ -98,7 +104,7 @@ def test_a_hook_start_up_never_reads_activates_nothing(tilelang_dsa, capsys, tmp
 def test_a_hook_for_other_backports_does_not_apply_this_one(tilelang_dsa, capsys, start_up_reads):
     activation.write_hook(start_up_reads, ())  # a hook that applies no backport
     _code, out, _ = _main(capsys, "status", "--json", "--site-dir", str(start_up_reads))
-    (report,) = json.loads(out)
+    report = report_for(json.loads(out), BACKPORT_ID)
     assert report["action"] == "would-install" and report["evidence"]["hook"]["applies"] is False
 
 
@@ -124,7 +130,7 @@ def test_apply_installs_writes_the_hook_and_is_idempotent(tilelang_dsa, capsys, 
 
 def test_apply_json_prints_reports_only(tilelang_dsa, capsys, tmp_path):
     code, out, err = _main(capsys, "apply", "--json", "--site-dir", str(tmp_path))
-    (report,) = json.loads(out)
+    report = report_for(json.loads(out), BACKPORT_ID)
     assert code == 0 and report["id"] == BACKPORT_ID and report["action"] == "installed"
     assert "hook: wrote" in err
 
@@ -182,7 +188,8 @@ def test_revert_in_a_new_process_says_it_removed_the_hook(tilelang_dsa, capsys, 
     _main(capsys, "apply", "--site-dir", str(tmp_path))
     revert()  # a new process: nothing installed in it; the hook is what revert undoes
     code, out, _ = _main(capsys, "revert", "--site-dir", str(tmp_path))
-    _header, row, note = out.splitlines()
+    _header, *rows, note = out.splitlines()
+    row = rows[[spec.id for spec in CATALOG].index(BACKPORT_ID)]
     hook = tmp_path / activation.HOOK_FILE
     assert row.split()[:2] == [BACKPORT_ID, "reverted"]
     assert f"removed the start-up hook {hook}: new processes do not apply it" in row
@@ -193,7 +200,7 @@ def test_revert_json_reports_what_it_did_with_the_probed_verdict(tilelang_dsa, c
     _main(capsys, "apply", "--site-dir", str(tmp_path))
     revert()
     code, out, err = _main(capsys, "revert", "--json", "--site-dir", str(tmp_path))
-    (report,) = json.loads(out)
+    report = report_for(json.loads(out), BACKPORT_ID)
     assert code == 0 and report["action"] == "reverted"
     assert report["verdict"] == "needed" and "lacks the fix" not in report["reason"]
     assert report["evidence"]["behaviour"]["fixed"] is False  # probed, not made up
@@ -203,7 +210,7 @@ def test_revert_json_reports_what_it_did_with_the_probed_verdict(tilelang_dsa, c
     }
     assert "hook: removed" in err
     code, out, _ = _main(capsys, "revert", "--json", "--site-dir", str(tmp_path))
-    (report,) = json.loads(out)
+    report = report_for(json.loads(out), BACKPORT_ID)
     assert report["action"] == "not-installed" and report["evidence"]["hook"]["removed"] is False
     assert report["reason"].startswith("nothing to revert")
 
@@ -213,7 +220,7 @@ def test_revert_json_under_an_upstream_fix_reports_upstream(
 ):
     monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
     _, out, _ = _main(capsys, "revert", "--json", "--site-dir", str(tmp_path))
-    (report,) = json.loads(out)
+    report = report_for(json.loads(out), BACKPORT_ID)
     assert (report["verdict"], report["action"]) == ("upstream", "not-installed")
 
 
@@ -248,10 +255,11 @@ def test_apply_with_every_backport_off_names_an_earlier_hook(
 def test_apply_leaves_skipped_backports_out_of_the_hook(
     tilelang_dsa, monkeypatch, capsys, tmp_path
 ):
-    monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP", f"other, {BACKPORT_ID}")
+    ids = ", ".join(spec.id for spec in CATALOG)
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP", f"other, {ids}")
     code, out, _ = _main(capsys, "apply", "--site-dir", str(tmp_path))
     assert code == 0 and not activation.read_hook(tmp_path).exists
-    expected = f"every backport asked for is off (MEGATRON_BACKPORTS_SKIP names {BACKPORT_ID})"
+    expected = f"every backport asked for is off (MEGATRON_BACKPORTS_SKIP names {ids})"
     assert expected in out
 
 

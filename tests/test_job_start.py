@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from backports.megatron.catalog import CATALOG
 from tests import training_env
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
+
+IDS = [spec.id for spec in CATALOG]
 
 pytestmark = pytest.mark.slow
 
@@ -89,15 +92,15 @@ def test_status_json_matches_status(venv):
     in_process += "print(json.dumps([r.to_dict() for r in status()]))"
     hooks = [r["evidence"].pop("hook") for r in reports]  # the CLI adds the hook's state
     assert reports == json.loads(_ok(venv.run(["python", "-c", in_process])).splitlines()[-1])
-    assert [(h["path"], h["exists"]) for h in hooks] == [(str(venv.hook), False)]
+    assert [(h["path"], h["exists"]) for h in hooks] == [(str(venv.hook), False)] * len(IDS)
     assert [(r["id"], r["verdict"], r["action"]) for r in reports] == [
-        (BACKPORT_ID, "needed", "would-install")
+        (backport_id, "needed", "would-install") for backport_id in IDS
     ]
 
 
 def test_python_m_backports_megatron_is_the_cli(venv):
     done = venv.run(["python", "-m", "backports.megatron", "status", "--json"])
-    assert [r["id"] for r in json.loads(_ok(done))] == [BACKPORT_ID]
+    assert [r["id"] for r in json.loads(_ok(done))] == IDS
 
 
 _SPAWN = """\
@@ -170,7 +173,7 @@ def _torchrun(venv, folder: Path, **env: str) -> tuple[list[dict], str]:
 
 def test_torchrun_ranks_are_patched_and_agree(venv, applied, tmp_path):
     ranks, output = _torchrun(venv, tmp_path)
-    assert ranks == [{"patched": BACKPORT_ID, "verified": [BACKPORT_ID]}] * 2
+    assert ranks == [{"patched": BACKPORT_ID, "verified": sorted(IDS)}] * 2
     assert "BackportWarning" not in output  # installed: an INFO log line, no warning
 
 
@@ -180,17 +183,19 @@ def test_torchrun_disabled_on_one_rank_raises_on_every_rank(venv, applied, tmp_p
     assert rank0["raised"] == rank1["raised"]
     message = rank0["raised"]
     assert "differing from rank 0: rank 1." in message
-    assert f"rank 0: {BACKPORT_ID}" in message and "rank 1: none" in message
+    assert f"rank 0: {sorted(IDS)[0]}" in message and "rank 1: none" in message
+    assert all(backport_id in message for backport_id in IDS)
 
 
 def test_torchrun_skip_warns_once_for_the_whole_job(disposable_venv, tmp_path):
     venv = disposable_venv
     _ok(venv.run(["backports", "apply"]))
     # A vendored file edited by hand: every rank finds it incompatible, rank 0 warns.
-    vendored = next(venv.site_packages.glob("backports/megatron/_vendor/*/tilelang_dsa.py"))
+    vendored = venv.site_packages / "backports/megatron/_vendor/megatron_lm_7617/tilelang_dsa.py"
     vendored.write_text(vendored.read_text() + "# edited\n")
     ranks, output = _torchrun(venv, tmp_path)
-    assert ranks == [{"patched": None, "verified": []}] * 2
+    others = sorted(set(IDS) - {BACKPORT_ID})  # the other entries are not touched
+    assert ranks == [{"patched": None, "verified": others}] * 2
     assert output.count("BackportWarning") == 1
     assert "megatron-lm-7617 not applied (incompatible)" in output
 

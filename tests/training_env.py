@@ -95,7 +95,10 @@ def create(root: Path, *, install: bool = True) -> TrainingEnv:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     python = root / "bin" / "python"
     site_packages = _purelib(python)
-    base = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    # Every site-packages folder on sys.path too: a worktree's light venv sees the main
+    # venv's packages (setuptools, torch) only through a .pth file, not processed from here.
+    here = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    base = dict.fromkeys([*here, *(p for p in sys.path if p.endswith("site-packages"))])
     (site_packages / "_base_environment.pth").write_text("\n".join(base) + "\n")
     env = TrainingEnv(root, python, site_packages)
     if install:

@@ -7,7 +7,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from .catalog import BackportSpec
+from .catalog import BackportSpec, Target
 from .git_ancestry import commit_ancestry
 from .report import Verdict
 from .targets import ResolvedTarget, TargetMissing, resolve_target
@@ -22,9 +22,15 @@ class ProbeResult:
     verdict: Verdict
     reason: str
     evidence: dict[str, Any] = field(default_factory=dict)
-    target: ResolvedTarget | None = None
+    # Every resolved target in catalog order, once all were found (else empty).
+    targets: tuple[ResolvedTarget, ...] = ()
     # False only from probe_without_import: nothing decided yet, the target must be probed.
     final: bool = True
+
+    @property
+    def target(self) -> ResolvedTarget | None:
+        """The first target (single-target code)."""
+        return self.targets[0] if self.targets else None
 
 
 def _version_claim(spec: BackportSpec, evidence: dict[str, Any]) -> bool | None:
@@ -60,13 +66,19 @@ def probe_without_import(spec: BackportSpec) -> ProbeResult:
         "expected_files_sha256": integrity.files_expected or None,
         "ok": integrity.ok,
     }
-    installed = installed_version(spec.target.distribution)
+    installed = installed_version(spec.target.distribution, spec.target.modules)
     evidence["distribution"] = {"name": spec.target.distribution, **installed.to_dict()}
+    others = _other_distributions(spec)
+    if others:
+        evidence["distributions"] = others
     drift = _drift(integrity)
     if drift is not None:
         return ProbeResult(Verdict.INCOMPATIBLE, drift, evidence)
     if installed.version is None:
         return ProbeResult(Verdict.ABSENT, f"{spec.target.distribution} is not installed", evidence)
+    missing = [name for name, info in others.items() if info["version"] is None]
+    if missing:
+        return ProbeResult(Verdict.ABSENT, f"{', '.join(missing)} is not installed", evidence)
     if installed.version < spec.target_since:
         return ProbeResult(
             Verdict.ABSENT,
@@ -75,6 +87,18 @@ def probe_without_import(spec: BackportSpec) -> ProbeResult:
             evidence,
         )
     return ProbeResult(Verdict.NEEDED, "target not probed yet", evidence, final=False)
+
+
+def _other_distributions(spec: BackportSpec) -> dict[str, dict[str, str | None]]:
+    """Version evidence of each distribution a later target lives in, beside the first's.
+    ``target_since`` dates the first target's distribution; the others must be installed."""
+    first = spec.target.distribution
+    others: dict[str, dict[str, str | None]] = {}
+    for target in spec.targets[1:]:
+        if target.distribution != first and target.distribution not in others:
+            info = installed_version(target.distribution, target.modules)
+            others[target.distribution] = info.to_dict()
+    return others
 
 
 def _drift(integrity: Integrity) -> str | None:
@@ -103,19 +127,23 @@ def _drift(integrity: Integrity) -> str | None:
     return None
 
 
-def _check_shape(spec: BackportSpec, target: ResolvedTarget, reads: list[str]) -> str | None:
+def _check_shape(target: Target, resolved: ResolvedTarget, reads: list[str]) -> str | None:
     """Why the target is not what the vendored code was written against, or None.
 
     ``reads`` are the globals a synced vendored function looks up on the live module: a
     helper that only the pull request added would fail at call time, so it fails here.
+    The signature is the undecorated body's: a compiled wrapper takes ``*args``.
     """
-    actual = tuple(inspect.signature(target.original).parameters)
-    if actual != spec.target.parameters:
-        return f"signature is ({', '.join(actual)}), expected ({', '.join(spec.target.parameters)})"
-    needed = dict.fromkeys([*spec.target.helpers, *reads])
-    missing = [name for name in needed if name not in vars(target.module)]
+    actual = tuple(inspect.signature(resolved.body).parameters)
+    if actual != target.parameters:
+        return (
+            f"{resolved.module_name}.{target.attribute} signature is ({', '.join(actual)}), "
+            f"expected ({', '.join(target.parameters)})"
+        )
+    needed = dict.fromkeys([*target.helpers, *reads])
+    missing = [name for name in needed if name not in vars(resolved.module)]
     if missing:
-        return f"{target.module_name} lacks {', '.join(missing)}"
+        return f"{resolved.module_name} lacks {', '.join(missing)}"
     return None
 
 
@@ -146,31 +174,65 @@ def probe(spec: BackportSpec) -> ProbeResult:
         )
 
 
-def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
-    try:
-        target = resolve_target(spec.target, spec.id)
-    except TargetMissing as exc:
-        return ProbeResult(Verdict.ABSENT, f"no {spec.target.attribute}: {exc}", evidence)
-    evidence["target"] = {
-        "module": target.module_name,
-        "imported_as": target.imported_as,
-        "attribute": spec.target.attribute,
-        "installed": target.installed is not None,
+def _resolve_all(spec: BackportSpec) -> tuple[ResolvedTarget, ...] | str:
+    """Every target resolved, in catalog order, or why one is absent."""
+    resolved = []
+    for target in spec.targets:
+        try:
+            resolved.append(resolve_target(target, spec.id))
+        except TargetMissing as exc:
+            return f"no {target.attribute}: {exc}"
+    return tuple(resolved)
+
+
+def _target_evidence(target: Target, resolved: ResolvedTarget) -> dict[str, Any]:
+    return {
+        "module": resolved.module_name,
+        "imported_as": resolved.imported_as,
+        "attribute": target.attribute,
+        "installed": resolved.installed is not None,
+        "decorated": resolved.decorated,
     }
-    if target.foreign is not None:
-        # Patching over it would silently drop that patch (and the sniff would run it).
-        reason = f"{target.module_name}.{spec.target.attribute} is {target.foreign}"
-        return ProbeResult(Verdict.INCOMPATIBLE, reason, evidence, target)
-    problem = _check_shape(spec, target, evidence["upstream"]["reads"])
-    if problem is not None:
-        return ProbeResult(Verdict.INCOMPATIBLE, problem, evidence, target)
+
+
+def _refusal(
+    spec: BackportSpec, targets: tuple[ResolvedTarget, ...], reads: list[str]
+) -> str | None:
+    """Why some target must not be patched (another patch in place, or not the shape the
+    vendored code was written against), or None. ``reads`` concern the first target."""
+    for index, (target, resolved) in enumerate(zip(spec.targets, targets, strict=True)):
+        if resolved.foreign is not None:
+            # Patching over it would silently drop that patch (and the sniff would run it).
+            return f"{resolved.module_name}.{target.attribute} is {resolved.foreign}"
+        problem = _check_shape(target, resolved, reads if index == 0 else [])
+        if problem is not None:
+            return problem
+    return None
+
+
+def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
+    targets = _resolve_all(spec)
+    if isinstance(targets, str):
+        return ProbeResult(Verdict.ABSENT, targets, evidence)
+    shown = [_target_evidence(t, r) for t, r in zip(spec.targets, targets, strict=True)]
+    evidence["target"] = shown[0]
+    evidence["targets"] = shown
+    refusal = _refusal(spec, targets, evidence["upstream"]["reads"])
+    if refusal is not None:
+        return ProbeResult(Verdict.INCOMPATIBLE, refusal, evidence, targets)
     upstream = evidence["upstream"]
     package_dir = evidence["distribution"]["package_dir"]
     evidence["git"] = commit_ancestry(
         None if package_dir is None else Path(package_dir),
-        {"merge": upstream["merge_sha"], "head": upstream["head_sha"]},
+        {
+            role: sha
+            for role, sha in (("merge", upstream["merge_sha"]), ("head", upstream["head_sha"]))
+            if sha  # an open pull request has no merge commit; a handwritten one may lack a head
+        },
+        distribution=spec.target.distribution,
+        package=evidence["distribution"]["package"],
     )
-    sniff = spec.sniff(target.module, target.original)  # never writes the live module
+    sniff = spec.sniff(targets)  # never writes the live modules or classes
     evidence["behaviour"] = {"fixed": sniff.fixed, **sniff.detail}
     notes = _cross_checks(spec, sniff.fixed, evidence)
     suffix = f" (disagrees: {'; '.join(notes)})" if notes else ""
@@ -179,6 +241,6 @@ def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
         reason = (
             f"{version} already has the fix: {sniff.summary}{suffix}. {spec.delete_when_landed}"
         )
-        return ProbeResult(Verdict.UPSTREAM, reason, evidence, target)
+        return ProbeResult(Verdict.UPSTREAM, reason, evidence, targets)
     reason = f"{version} lacks the fix: {sniff.summary}{suffix}"
-    return ProbeResult(Verdict.NEEDED, reason, evidence, target)
+    return ProbeResult(Verdict.NEEDED, reason, evidence, targets)
