@@ -6,6 +6,8 @@ hand-computed values and a plain-Python reference, never against the code under 
 """
 
 import inspect
+import subprocess
+import sys
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -16,7 +18,8 @@ from backports.megatron._vendor.megatron_lm_6114.router import _apply_expert_bia
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-ROUTER = "megatron.core.transformer.moe.router"
+from backports.megatron import Action, Verdict, applied, apply, revert, status
+from tests.reports import report_for
 
 
 @pytest.fixture(scope="module")
@@ -276,3 +279,148 @@ def test_property_counts_equal_the_unpadded_routes(case):
         assert (buffer - torch.tensor(start)).tolist() == kept.tolist()
     assert router.local_tokens_per_expert is buffer
     assert torch.equal(routing_map, map_before)
+
+
+# --- through the catalog: apply, status, revert ------------------------------------------
+
+ID = "megatron-lm-6114"
+
+
+def test_apply_installs_a_marked_shim_and_revert_restores_the_same_object(top_k_router):
+    from megatron.core.transformer.moe.router import InferenceTopKRouter
+
+    exact = vars(top_k_router)["_apply_expert_bias"]  # torch.compile's wrapper
+    report = report_for(apply(only=ID), ID)
+    assert (report.verdict, report.action) == (Verdict.NEEDED, Action.INSTALLED)
+    shim = vars(top_k_router)["_apply_expert_bias"]
+    assert top_k_router._apply_expert_bias.__backport__ == ID
+    assert shim.__wrapped__ is exact
+    # Compiled as the original is: the live jit_fuser (torch.compile) around the vendored code.
+    assert shim.__backport_body__._torchdynamo_orig_callable.__code__ is vendored.__code__
+    assert InferenceTopKRouter._apply_expert_bias is shim  # inherited, not set there
+    report_for(revert(only=ID), ID)
+    assert vars(top_k_router)["_apply_expert_bias"] is exact
+
+
+def test_apply_of_6114_leaves_7617_alone(top_k_router, tilelang_dsa):
+    function = tilelang_dsa.fused_sparse_mla_absorbed
+    apply(only=ID)
+    assert tilelang_dsa.fused_sparse_mla_absorbed is function
+    assert not hasattr(function, "__backport__")
+
+
+def test_status_on_0_19_2_says_needed_with_its_reason():
+    report = report_for(status(), ID)
+    assert report.verdict == Verdict.NEEDED
+    assert "lined up against experts" in report.reason
+    assert "6 tokens / 4 experts raises" in report.reason
+    behaviour = report.evidence["behaviour"]
+    assert behaviour["fixed"] is False and behaviour["square"] == [0, 2, 1, 1]
+    assert report.evidence["target"]["attribute"] == "TopKRouter._apply_expert_bias"
+
+
+def test_status_while_applied_still_sniffs_the_original(top_k_router):
+    """Installed or not, the sniff judges megatron-core's own method, never our shim."""
+    apply(only=ID)
+    report = report_for(status(only=ID), ID)
+    assert report.verdict == Verdict.NEEDED
+    assert report.evidence["behaviour"]["square"] == [0, 2, 1, 1]
+    assert vars(top_k_router)["_apply_expert_bias"].__backport__ == ID
+
+
+# --- a real TopKRouter on CPU -------------------------------------------------------------
+
+TOKENS_SEQ, TOKENS_BATCH, EXPERTS, TOP_K = 3, 2, 4, 2
+
+
+def cpu_router() -> Any:
+    """A real 0.19.2 TopKRouter with expert bias on, its buffers on CPU.
+
+    The constructor puts the expert-bias buffers on CUDA when the config asks for them,
+    so expert bias is switched on by hand, as moe_router_enable_expert_bias would.
+    """
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=8,
+        num_attention_heads=2,
+        num_moe_experts=EXPERTS,
+        moe_router_topk=TOP_K,
+        moe_router_load_balancing_type="none",
+        moe_router_score_function="sigmoid",
+        use_cpu_initialization=True,
+    )
+    groups = SimpleNamespace(tp=None, cp=None, tp_cp=None, tp_dp_cp=None)
+    router = TopKRouter(config, pg_collection=groups)
+    router.enable_expert_bias = True
+    del router.local_tokens_per_expert, router.expert_bias  # plain None attributes
+    router.register_buffer("local_tokens_per_expert", torch.zeros(EXPERTS), persistent=False)
+    router.register_buffer("expert_bias", torch.zeros(EXPERTS))
+    return router
+
+
+def routing_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    logits = torch.randn(
+        TOKENS_SEQ, TOKENS_BATCH, EXPERTS, generator=torch.Generator().manual_seed(6114)
+    )
+    mask = torch.zeros(TOKENS_SEQ, TOKENS_BATCH, dtype=torch.bool)
+    mask[1, 0] = True  # one padded token of six
+    return logits, mask
+
+
+def test_real_router_on_0_19_2_raises_with_a_padding_mask():
+    """6 tokens, 4 experts: 0.19.2 cannot broadcast the [6] mask against the [6, 4] map."""
+    router = cpu_router()
+    logits, mask = routing_inputs()
+    with pytest.raises(RuntimeError, match=r"must match the size of tensor b \(6\)"):
+        router.routing(logits, padding_mask=mask)
+
+
+@pytest.mark.slow  # the first call compiles the vendored body with inductor (~20 s on CPU)
+def test_real_router_with_the_backport_counts_exactly_the_unpadded_routes():
+    router = cpu_router()
+    buffer = router.local_tokens_per_expert
+    logits, mask = routing_inputs()
+    with applied(only=ID):
+        _, routing_map = router.routing(logits, padding_mask=mask)
+        valid = (~mask).sum().item()
+        assert valid == 5
+        assert buffer.sum().item() == valid * TOP_K  # each unpadded token, all k routes
+        assert buffer.tolist() == routing_map[~mask.reshape(-1)].sum(0).float().tolist()
+        assert router.local_tokens_per_expert is buffer  # the registered buffer, in place
+        counted = buffer.clone()
+        with torch.no_grad():  # an evaluation pass counts nothing
+            router.routing(logits, padding_mask=mask)
+        assert torch.equal(buffer, counted)
+        _, again = router.routing(logits)  # no mask: all six tokens, all k routes
+        assert torch.equal(again, routing_map)
+        assert buffer.sum().item() == valid * TOP_K + 6 * TOP_K
+
+
+LAZY = """
+import sys
+from backports.megatron import apply, revert
+from tests.reports import report_for
+
+ROUTER = "megatron.core.transformer.moe.router"
+report = report_for(apply(), "megatron-lm-6114")
+assert ROUTER not in sys.modules, "apply() imported the router itself"
+assert report.action == "deferred", report
+from megatron.core.transformer.moe.router import TopKRouter
+shim = vars(TopKRouter)["_apply_expert_bias"]
+assert shim.__backport__ == "megatron-lm-6114", shim
+compiled = shim.__wrapped__
+assert compiled._torchdynamo_orig_callable.__module__ == ROUTER
+revert()
+assert vars(TopKRouter)["_apply_expert_bias"] is compiled
+print("lazy ok")
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter imports megatron-core
+def test_apply_before_the_router_is_imported_installs_on_import():
+    done = subprocess.run([sys.executable, "-c", LAZY], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "lazy ok" in done.stdout
