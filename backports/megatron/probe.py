@@ -206,7 +206,11 @@ def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
     package_dir = evidence["distribution"]["package_dir"]
     evidence["git"] = commit_ancestry(
         None if package_dir is None else Path(package_dir),
-        {"merge": upstream["merge_sha"], "head": upstream["head_sha"]},
+        {
+            role: sha
+            for role, sha in (("merge", upstream["merge_sha"]), ("head", upstream["head_sha"]))
+            if sha  # an open pull request has no merge commit; a handwritten one may lack a head
+        },
     )
     sniff = spec.sniff(targets)  # never writes the live modules or classes
     evidence["behaviour"] = {"fixed": sniff.fixed, **sniff.detail}
