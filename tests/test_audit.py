@@ -97,14 +97,17 @@ def test_0_18_2_wheel_is_absent(request, capsys):
     assert code == 0 and report["id"] == BACKPORT_ID
     assert report["verdict"] == "absent" and "0.18.2 predates 0.19" in report["reason"]
     assert report_for(reports, "megatron-lm-7091")["verdict"] == "absent"  # no such predicate
+    # TopKRouter._apply_expert_bias exists since 0.16, with the same bug in 0.18.2.
+    router = report_for(reports, "megatron-lm-6114")
+    assert router["verdict"] == "needed", router
+    assert "lined up against experts" in router["reason"]
 
 
 def test_0_19_2_wheel_still_needs_it(request, capsys):
     wheel = _wheel(request, "0.19.2")
     code, reports, _ = _audit(capsys, "--wheel", str(wheel), "--fail-on-landed")
+    assert code == 0 and [r["verdict"] for r in reports] == ["needed"] * len(CATALOG)
     report = report_for(reports, BACKPORT_ID)
-    assert code == 0 and report["verdict"] == "needed"
-    assert report_for(reports, "megatron-lm-7091")["verdict"] == "needed"
     probed = report["evidence"]["distribution"]["package_dir"]
     assert "backports-audit-" in probed  # the extracted wheel, not the installed copy
 
