@@ -161,8 +161,9 @@ def test_sniff_says_needed_on_installed_0_19_2(entry, recompute, dsa):
         )
     )
     assert result.fixed is False
-    # B1 (F1's recompute) read F2's top-k (2.0); B2 read its own; the holder stayed behind.
-    assert result.detail["with_mask"] == {"recompute_read": [2.0, 2.0], "left_on_mask": [HOLDER]}
+    # With a mask, the recompute gets a detached copy of it: no holder, no top-k (None); the
+    # holder stayed on the caller's mask. Without one, B1 (F1's recompute) read F2's top-k.
+    assert result.detail["with_mask"] == {"recompute_read": [None, None], "left_on_mask": [HOLDER]}
     assert result.detail["without_mask"] == {
         "recompute_read": [2.0, 2.0],
         "left_on_config": [HOLDER],
@@ -187,7 +188,7 @@ def test_sniff_raises_when_a_carrier_method_behaves_like_no_version(entry, recom
     def fresh_each_call(self, packed_seq_params, attention_mask):
         return SimpleNamespace()
 
-    with pytest.raises(entry._SniffFailed, match="B2 did not read"):
+    with pytest.raises(entry._SniffFailed, match="neither"):
         entry._sniff(_pair(recompute, dsa, recompute.checkpointed_forward, fresh_each_call))
 
 
@@ -299,3 +300,112 @@ def test_outputs_and_extraction_are_0_19_2s(method, dsa_variant, cpu_checkpoint)
     else:  # per-layer chunks, recorded at their start index: layers 0 and 2
         assert [e.flatten().tolist() for e in extracted] == [[2.0, 2.0], [30.0, 30.0]]
     assert forward(block, **_args(x)).flatten().tolist() == [30.0, 30.0]
+
+
+# --- through a real DSAttention -------------------------------------------------------------
+
+SQ = 4
+
+
+class _ComputingLayer:
+    """Stands in for layer 1, the one with an indexer: it picks each micro-batch's top-k from
+    its input (channel 0 = the key each query row attends to) and leaves it for layer 2 in
+    the real DSAttention holder, without grad, as the real indexer does."""
+
+    layer_number = 1
+
+    def __init__(self, attention: Any) -> None:
+        self.attention = attention
+
+    def __call__(self, hidden_states: torch.Tensor, attention_mask: Any, **kw: Any) -> Any:
+        holder = self.attention._get_index_share_topk_holder(
+            kw.get("packed_seq_params"), attention_mask
+        )
+        with torch.no_grad():
+            holder[1] = hidden_states[:, :, 0].t().long().unsqueeze(-1)  # [b, sq, top-k 1]
+        return hidden_states * 1.0
+
+
+class _SkipLayer:
+    """Layer 2: the real DSAttention, q = k = v = the hidden states (one head)."""
+
+    layer_number = 2
+
+    def __init__(self, attention: Any, causal: Any) -> None:
+        self.attention = attention
+        self.causal = causal
+
+    def __call__(self, hidden_states: torch.Tensor, attention_mask: Any, **kw: Any) -> Any:
+        qkv = hidden_states.unsqueeze(2)
+        return self.attention(
+            qkv,
+            qkv,
+            qkv,
+            attention_mask,
+            x=hidden_states,
+            qr=hidden_states,
+            attn_mask_type=self.causal,
+            packed_seq_params=kw.get("packed_seq_params"),
+        )
+
+
+def _two_micro_batches(
+    dsa: ModuleType, forward: Callable[..., Any], carrier_method: Any, mask: Any
+) -> list[list[list[float]]]:
+    """F1, F2, B1, B2 through ``forward``; the input gradients of both micro-batches.
+
+    Micro-batch 1 attends every row to key 0, micro-batch 2 each row to itself, so the
+    sum of the outputs has input gradient 4 on row 0 (micro-batch 1) and 1 on every row
+    (micro-batch 2), on both channels. Each layer is its own checkpointed chunk.
+    """
+    attention = _attention(dsa, carrier_method)
+    block = _block(
+        [_ComputingLayer(attention), _SkipLayer(attention, dsa.AttnMaskType.causal)],
+        method="block",
+        num=2,
+    )
+    rows = torch.arange(SQ, dtype=torch.float32)
+    inputs = [
+        torch.stack([torch.zeros(SQ), 10 + rows], -1).unsqueeze(1).requires_grad_(),
+        torch.stack([rows, 20 + rows], -1).unsqueeze(1).requires_grad_(),
+    ]
+    outputs = [forward(block, **_args(x, mask)) for x in inputs]
+    for out in outputs:
+        out.sum().backward()
+    return [x.grad.squeeze(1).tolist() for x in inputs]
+
+
+OWN_TOP_K = [[[4.0, 4.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]], [[1.0, 1.0]] * SQ]
+# 0.19.2 without a mask: B1's layer 2 reads F2's top-k from the config; then B1's layer 1
+# recompute writes F1's there, and B2's layer 2 reads that: the micro-batches swap top-k.
+SWAPPED = [OWN_TOP_K[1], OWN_TOP_K[0]]
+
+
+def test_real_dsattention_recompute_on_0_19_2_without_mask_swaps_top_k(
+    dsa, recompute, cpu_checkpoint
+):
+    grads = _two_micro_batches(dsa, recompute.checkpointed_forward, None, None)
+    assert grads == SWAPPED
+
+
+def test_real_dsattention_recompute_on_0_19_2_with_mask_finds_no_top_k(
+    dsa, recompute, cpu_checkpoint
+):
+    """The recompute gets a detached copy of the mask, which carries no holder: layer 2
+    finds no top-k from layer 1 (loud, unlike the silent swap without a mask)."""
+    mask = torch.zeros(1, 1, SQ, SQ, dtype=torch.bool)
+    with pytest.raises(RuntimeError, match="did not run before it"):
+        _two_micro_batches(dsa, recompute.checkpointed_forward, None, mask)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "mask"])
+def test_real_dsattention_recompute_with_vendored_pair_reads_its_own_top_k(
+    dsa, cpu_checkpoint, masked
+):
+    mask = torch.zeros(1, 1, SQ, SQ, dtype=torch.bool) if masked else None
+    grads = _two_micro_batches(
+        dsa, index_share.checkpointed_forward, index_share._get_index_share_carrier, mask
+    )
+    assert grads == OWN_TOP_K
+    if mask is not None:
+        assert not hasattr(mask, HOLDER)
