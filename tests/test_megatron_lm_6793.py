@@ -10,6 +10,7 @@ recorder that replays chunks later, through a private copy of the function's glo
 
 import dataclasses
 import importlib
+import sys
 import types
 from collections.abc import Callable
 from types import ModuleType, SimpleNamespace
@@ -409,3 +410,98 @@ def test_real_dsattention_recompute_with_vendored_pair_reads_its_own_top_k(
     assert grads == OWN_TOP_K
     if mask is not None:
         assert not hasattr(mask, HOLDER)
+
+
+# --- through apply / revert / status --------------------------------------------------------
+
+HOLDERS = (
+    RECOMPUTE,
+    "megatron.core.transformer.transformer_block",  # from megatron.core.recompute import ...
+    "megatron.core.models.hybrid.hybrid_block",  # the same
+    "megatron.core.ssm.mamba_block",  # from ...hybrid_block import *
+)
+
+
+@pytest.fixture(scope="module")
+def holders() -> list[ModuleType]:
+    return [importlib.import_module(name) for name in HOLDERS]
+
+
+def _bound(holders: list[ModuleType]) -> list[Any]:
+    return [vars(module)["checkpointed_forward"] for module in holders]
+
+
+def test_apply_rebinds_every_holder_and_the_method(holders, dsa):
+    from backports.megatron import apply
+    from tests.reports import report_for
+
+    original = vars(holders[0])["checkpointed_forward"]
+    method = dsa.DSAttention.__dict__["_get_index_share_carrier"]
+    assert _bound(holders) == [original] * len(HOLDERS)
+
+    report = report_for(apply(only=BACKPORT_ID), BACKPORT_ID)
+    assert (report.verdict, report.action) == ("needed", "installed")
+    replacement = vars(holders[0])["checkpointed_forward"]
+    assert replacement.__code__ is index_share.checkpointed_forward.__code__
+    assert (replacement.__backport__, replacement.__wrapped__) == (BACKPORT_ID, original)
+    assert all(bound is replacement for bound in _bound(holders))
+    new_method = dsa.DSAttention.__dict__["_get_index_share_carrier"]
+    assert new_method.__code__ is index_share._get_index_share_carrier.__code__
+    assert (new_method.__backport__, new_method.__wrapped__) == (BACKPORT_ID, method)
+
+
+def test_a_module_imported_later_sees_the_replacement(holders, tmp_path, monkeypatch):
+    from backports.megatron import apply, revert
+
+    original = vars(holders[0])["checkpointed_forward"]
+    name = "late_holder_megatron_lm_6793"
+    (tmp_path / f"{name}.py").write_text(
+        "from megatron.core.recompute import checkpointed_forward\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    apply(only=BACKPORT_ID)
+    late = importlib.import_module(name)
+    try:
+        assert late.checkpointed_forward is vars(holders[0])["checkpointed_forward"]
+        assert late.checkpointed_forward.__backport__ == BACKPORT_ID
+        revert(only=BACKPORT_ID)
+        assert late.checkpointed_forward is original
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_revert_restores_every_holder_and_the_method_together(holders, dsa):
+    from backports.megatron import apply, revert
+    from tests.reports import report_for
+
+    original = vars(holders[0])["checkpointed_forward"]
+    method = dsa.DSAttention.__dict__["_get_index_share_carrier"]
+    apply(only=BACKPORT_ID)
+    report = report_for(revert(only=BACKPORT_ID), BACKPORT_ID)
+    assert report.action == "reverted"
+    assert _bound(holders) == [original] * len(HOLDERS)
+    assert dsa.DSAttention.__dict__["_get_index_share_carrier"] is method
+
+
+def test_status_on_0_19_2_reports_one_needed_report(holders):
+    from backports.megatron import status
+    from tests.reports import report_for
+
+    report = report_for(status(), BACKPORT_ID)  # exactly one report for the two targets
+    assert report.verdict == "needed"
+    assert "F1's recompute reads F2's top-k" in report.reason
+    assert vars(holders[0])["checkpointed_forward"].__module__ == RECOMPUTE  # changed nothing
+
+
+def test_applied_real_dsattention_through_the_transformer_block_holder(
+    holders, dsa, cpu_checkpoint
+):
+    """What a TransformerBlock calls: ``transformer_block.checkpointed_forward``, with the
+    class's own carrier method. Applied: each micro-batch's own top-k; reverted: swapped."""
+    from backports.megatron import applied
+
+    block_module = holders[1]
+    with applied(only=BACKPORT_ID):
+        assert _two_micro_batches(dsa, block_module.checkpointed_forward, None, None) == OWN_TOP_K
+    assert _two_micro_batches(dsa, block_module.checkpointed_forward, None, None) == SWAPPED
