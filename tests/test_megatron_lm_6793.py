@@ -505,3 +505,30 @@ def test_applied_real_dsattention_through_the_transformer_block_holder(
     with applied(only=BACKPORT_ID):
         assert _two_micro_batches(dsa, block_module.checkpointed_forward, None, None) == OWN_TOP_K
     assert _two_micro_batches(dsa, block_module.checkpointed_forward, None, None) == SWAPPED
+
+
+def test_apply_is_all_or_nothing_when_the_method_cannot_be_installed(holders, dsa, monkeypatch):
+    """The function is rebound in every holder first; then installing the method fails.
+    Nothing of the backport may be left: every holder and the class keep the originals."""
+    from backports.megatron import apply, patcher
+    from tests.reports import report_for
+
+    original = vars(holders[0])["checkpointed_forward"]
+    method = dsa.DSAttention.__dict__["_get_index_share_carrier"]
+    install_part = patcher._install_part
+    rebound_first: list[bool] = []
+
+    def fail_on_the_method(target: Any, replacement: Any) -> Any:
+        if target.is_method:
+            rebound_first.append(vars(holders[1])["checkpointed_forward"] is not original)
+            raise RuntimeError("class attribute refused")
+        return install_part(target, replacement)
+
+    monkeypatch.setattr(patcher, "_install_part", fail_on_the_method)
+    report = report_for(apply(only=BACKPORT_ID), BACKPORT_ID)
+    assert rebound_first == [True]  # the failure came after the holders were rebound
+    assert (report.verdict, report.action) == ("incompatible", "skipped")
+    assert "class attribute refused" in report.reason
+    assert _bound(holders) == [original] * len(HOLDERS)
+    assert dsa.DSAttention.__dict__["_get_index_share_carrier"] is method
+    assert patcher.installed(BACKPORT_ID) is None
