@@ -72,7 +72,7 @@ def test_concurrent_apply_installs_once(tilelang_dsa):
 
     def worker():
         barrier.wait()
-        results.extend(apply())
+        results.extend(apply(only=BACKPORT_ID))
 
     threads = [threading.Thread(target=worker) for _ in range(8)]
     for thread in threads:
