@@ -532,3 +532,24 @@ def test_apply_is_all_or_nothing_when_the_method_cannot_be_installed(holders, ds
     assert _bound(holders) == [original] * len(HOLDERS)
     assert dsa.DSAttention.__dict__["_get_index_share_carrier"] is method
     assert patcher.installed(BACKPORT_ID) is None
+
+
+# --- audit of the real wheels ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("version", "verdict", "why"),
+    [("0.18.2", "absent", "0.18.2 predates 0.19"), ("0.19.2", "needed", "F1's recompute")],
+)
+def test_audit_of_the_real_wheel(request, capsys, version, verdict, why):
+    import json
+
+    import tests.test_audit as audit_tests
+    from backports.megatron import cli
+
+    wheel = audit_tests._wheel(request, version)
+    code = cli.main(["audit", "--json", "--wheel", str(wheel), "--only", BACKPORT_ID])
+    (report,) = json.loads(capsys.readouterr().out)
+    assert code == 0 and (report["id"], report["verdict"]) == (BACKPORT_ID, verdict)
+    assert why in report["reason"]
