@@ -39,7 +39,7 @@ def _run_hook_as_site_does(text: str) -> None:
 
 
 def test_watches_megatron_for_every_catalog_target():
-    modules = {m for spec in CATALOG for m in spec.target.modules}
+    modules = {m for spec in CATALOG for target in spec.targets for m in target.modules}
     assert set(activation.target_modules()) == modules
     assert activation.watched_packages() == ("megatron",)
 

@@ -17,6 +17,7 @@ from backports.megatron import (
     applied,
     apply,
     revert,
+    status,
 )
 from backports.megatron import probe as probe_module
 from backports.megatron.catalog import CATALOG
@@ -70,6 +71,7 @@ def test_every_alias_is_rebound_and_restored(tilelang_dsa, monkeypatch):
 
 def test_concurrent_apply_installs_once(tilelang_dsa):
     results, barrier = [], threading.Barrier(8)
+    status()  # imports every entry's target modules: apply installs rather than defers
 
     def worker():
         barrier.wait()

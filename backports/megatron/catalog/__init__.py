@@ -4,13 +4,19 @@ from collections.abc import Iterable
 
 from ..errors import BackportError
 from .megatron_lm_6114 import SPEC as MEGATRON_LM_6114
+from .megatron_lm_6793 import SPEC as MEGATRON_LM_6793
 from .megatron_lm_7091 import SPEC as MEGATRON_LM_7091
 from .megatron_lm_7617 import SPEC as MEGATRON_LM_7617
 from .spec import BackportSpec, SniffResult, Target, VendoredRef
 
 __all__ = ["CATALOG", "BackportSpec", "SniffResult", "Target", "VendoredRef", "by_id", "select"]
 
-CATALOG: tuple[BackportSpec, ...] = (MEGATRON_LM_7617, MEGATRON_LM_7091, MEGATRON_LM_6114)
+CATALOG: tuple[BackportSpec, ...] = (
+    MEGATRON_LM_7617,
+    MEGATRON_LM_7091,
+    MEGATRON_LM_6114,
+    MEGATRON_LM_6793,
+)
 
 
 def by_id(backport_id: str) -> BackportSpec:
