@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from . import activation, import_notices, switches
 from .api import applied, apply, revert, status
 from .audit import audit, candidate_dir, outcome
-from .catalog import CATALOG, by_id, select
+from .catalog import entries, select, source
 from .check import Judgement, judge
 from .errors import BackportError, BackportWarning
 from .report import Action, Report, Verdict
@@ -58,7 +58,8 @@ _VERDICT: Column = ("verdict", lambda r: str(r.verdict))
 _ACTION: Column = ("action", lambda r: str(r.action))
 _OUTCOME: Column = ("outcome", outcome)
 _REASON: Column = ("reason", lambda r: r.reason)
-_STATUS_COLUMNS = (_ID, _UPSTREAM, _CORE, _VERDICT, _ACTION, _REASON)
+_SOURCE: Column = ("source", lambda r: r.source)
+_STATUS_COLUMNS = (_ID, _UPSTREAM, _CORE, _VERDICT, _ACTION, _SOURCE, _REASON)
 _AUDIT_COLUMNS = (_ID, _UPSTREAM, ("candidate", _core_version), _VERDICT, _OUTCOME, _REASON)
 
 
@@ -314,7 +315,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     with applied(only) as done:  # and reverts on exit: check changes nothing
         installed = {r.id: r for r in done}
     args.warning_notes.clear()  # apply's warnings repeat what the "why" column says
-    verdicts = {r.id: judge(by_id(r.id), r, installed.get(r.id)) for r in probed}
+    specs = {spec.id: spec for spec in entries()}  # a withheld plugin has none
+    verdicts = {r.id: judge(specs.get(r.id), r, installed.get(r.id)) for r in probed}
 
     def check_cell(report: Report) -> str:
         return "ok" if verdicts[report.id].ok else "FAIL"
@@ -352,13 +354,19 @@ def _two_columns(rows: Sequence[tuple[str, str]]) -> str:
     return "\n".join(f"  {left.ljust(width)}  {right}" for left, right in rows)
 
 
+def _titled(backport_id: str, title: str) -> str:
+    where = source(backport_id)
+    return title if where == "builtin" else f"{title} [{where}]"
+
+
 def _epilog() -> str:
-    backports = _two_columns([(spec.id, spec.title) for spec in CATALOG])
+    backports = _two_columns([(spec.id, _titled(spec.id, spec.title)) for spec in entries()])
     environment = _two_columns(
         [
             (f"{switches.ENABLE}=0", "every backport off (also: false, off, no)"),
             (f"{switches.SKIP}=ID,...", "these backports off"),
             (f"{switches.UPSTREAM_ONLY}=1", "upstream's code alone (also: true, on, yes)"),
+            (f"{switches.SKIP_PLUGINS}=DIST,...", "these plugin distributions not loaded"),
         ]
     )
     return (
