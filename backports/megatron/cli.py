@@ -335,6 +335,28 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return _CHECK_FAILED if failed else _OK
 
 
+def _cmd_new(args: argparse.Namespace) -> int:
+    from . import scaffold  # reads the installed target: only this command needs it
+
+    target = scaffold.read_target(args.target)
+    plan = scaffold.Scaffold(
+        args.id, args.pr, args.repo, Path(args.dest), target, args.sha, args.package
+    )
+    written = scaffold.create(plan)
+    print(f"wrote {plan.distribution} in {plan.dest}:")
+    for path in written:
+        print(f"  {path.relative_to(plan.dest)}")
+    print(
+        f"target {target.module}.{target.attribute}{target.signature_text} from "
+        f"{target.distribution} {target.version}"
+        + (f", compiled with {target.decorator}" if target.decorator else "")
+    )
+    if target.holders:
+        print(f"held by name in: {', '.join(target.holders)}")
+    print(f"next: write the sniff and the replacement (see {plan.dest / 'README.md'})")
+    return _OK
+
+
 def _check_json(verdicts: dict[str, Judgement]) -> Callable[[Report], Any]:
     return lambda report: verdicts[report.id].to_dict()
 
@@ -437,7 +459,38 @@ def _parser() -> argparse.ArgumentParser:
         _cmd_check,
     )
     only(sub)
+    _new_parser(commands)
     return parser
+
+
+_NEW_EXAMPLE = """\
+example:
+  backports new --id megatron-lm-9999 --pr 9999 \\
+      --repo https://github.com/NVIDIA/Megatron-LM.git \\
+      --target megatron.core.utils:divide --dest ./megatron-lm-9999-backport
+  cd megatron-lm-9999-backport && pip install -e . && python -m pytest   # fails until written
+
+--target is MODULE:function or MODULE:Class.method of the installed distribution; DIR
+must not exist. See docs/adding-a-backport.md."""
+
+
+def _new_parser(commands: Any) -> None:
+    help_text = "scaffold a plugin distribution that carries one upstream fix"
+    sub = commands.add_parser(
+        "new",
+        help=help_text,
+        description=help_text,
+        epilog=_NEW_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub.set_defaults(run=_cmd_new, json=False)
+    sub.add_argument("--id", required=True, help="backport id, e.g. megatron-lm-9999")
+    sub.add_argument("--pr", required=True, type=int, help="upstream pull-request number")
+    sub.add_argument("--repo", required=True, metavar="URL", help="upstream repository")
+    sub.add_argument("--target", required=True, metavar="MODULE:QUALNAME", help="what to patch")
+    sub.add_argument("--dest", required=True, metavar="DIR", help="where to write (new folder)")
+    sub.add_argument("--sha", help="the pull request's head commit (else set it later)")
+    sub.add_argument("--package", help="import name (default: <id>_backport)")
 
 
 # ---- main ----------------------------------------------------------------------------------
