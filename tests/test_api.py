@@ -21,12 +21,13 @@ from backports.megatron import (
 from backports.megatron import probe as probe_module
 from tests import standins
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
+from tests.reports import report_for
 
 
 def test_apply_installs_with_markers_and_logs(tilelang_dsa, caplog):
     original = tilelang_dsa.fused_sparse_mla_absorbed
     with caplog.at_level(logging.INFO, logger="backports.megatron"):
-        (report,) = apply()
+        report = report_for(apply(), BACKPORT_ID)
     assert report.id == BACKPORT_ID
     assert report.verdict is Verdict.NEEDED and report.action is Action.INSTALLED
     installed = tilelang_dsa.fused_sparse_mla_absorbed
@@ -39,7 +40,7 @@ def test_apply_installs_with_markers_and_logs(tilelang_dsa, caplog):
 def test_apply_is_idempotent(tilelang_dsa):
     apply()
     installed = tilelang_dsa.fused_sparse_mla_absorbed
-    (again,) = apply()
+    again = report_for(apply(), BACKPORT_ID)
     assert again.action is Action.ALREADY_INSTALLED
     assert tilelang_dsa.fused_sparse_mla_absorbed is installed
 
@@ -47,10 +48,10 @@ def test_apply_is_idempotent(tilelang_dsa):
 def test_revert_restores_the_very_same_object(tilelang_dsa):
     original = tilelang_dsa.fused_sparse_mla_absorbed
     apply()
-    (report,) = revert()
+    report = report_for(revert(), BACKPORT_ID)
     assert report.action is Action.REVERTED
     assert tilelang_dsa.fused_sparse_mla_absorbed is original
-    (again,) = revert()
+    again = report_for(revert(), BACKPORT_ID)
     assert again.action is Action.NOT_INSTALLED
 
 
@@ -87,7 +88,7 @@ def test_one_warning_per_verdict_over_repeated_apply(tilelang_dsa, monkeypatch):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):
-            (report,) = apply()
+            report = report_for(apply(), BACKPORT_ID)
             assert report.verdict is Verdict.UPSTREAM and report.action is Action.SKIPPED
     backport_warnings = [w for w in caught if issubclass(w.category, BackportWarning)]
     assert len(backport_warnings) == 1
@@ -115,7 +116,7 @@ def test_strict_raises_on_incompatible(tilelang_dsa, monkeypatch):
 def test_incompatible_is_skipped_with_a_warning(tilelang_dsa, monkeypatch):
     monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)
     with pytest.warns(BackportWarning, match="incompatible"):
-        (report,) = apply()
+        report = report_for(apply(), BACKPORT_ID)
     assert report.action is Action.SKIPPED
     assert tilelang_dsa.fused_sparse_mla_absorbed is standins.new_signature
 
@@ -125,7 +126,7 @@ def test_drifted_vendored_file_is_never_installed(tilelang_dsa, monkeypatch):
     monkeypatch.setattr(probe_module, "read_upstream", lambda ref: {**real(ref), "sha256": "0"})
     original = tilelang_dsa.fused_sparse_mla_absorbed
     with pytest.warns(BackportWarning, match="sha256"):
-        (report,) = apply()
+        report = report_for(apply(), BACKPORT_ID)
     assert report.verdict is Verdict.INCOMPATIBLE
     assert tilelang_dsa.fused_sparse_mla_absorbed is original
     with pytest.raises(BackportError):
@@ -139,7 +140,7 @@ def test_disabled_by_environment(tilelang_dsa, monkeypatch, env):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     original = tilelang_dsa.fused_sparse_mla_absorbed
-    (report,) = apply()
+    report = report_for(apply(), BACKPORT_ID)
     assert report.verdict is Verdict.DISABLED and report.action is Action.SKIPPED
     assert tilelang_dsa.fused_sparse_mla_absorbed is original
 
@@ -150,14 +151,14 @@ def test_unknown_id_is_an_error():
 
 
 def test_only_selects_by_id(tilelang_dsa):
-    (report,) = apply(only=[BACKPORT_ID])
+    report = report_for(apply(only=[BACKPORT_ID]), BACKPORT_ID)
     assert report.action is Action.INSTALLED
 
 
 def test_applied_context_reverts_on_exit(tilelang_dsa):
     original = tilelang_dsa.fused_sparse_mla_absorbed
     with applied() as reports:
-        assert reports[0].action is Action.INSTALLED
+        assert report_for(reports, BACKPORT_ID).action is Action.INSTALLED
         assert tilelang_dsa.fused_sparse_mla_absorbed.__backport__ == BACKPORT_ID
     assert tilelang_dsa.fused_sparse_mla_absorbed is original
 
@@ -173,14 +174,14 @@ def test_applied_context_leaves_an_earlier_install_alone(tilelang_dsa):
 LAZY = f"""
 import sys
 import backports.megatron as bm
-(report,) = bm.apply()
+report = next(r for r in bm.apply() if r.id == "{BACKPORT_ID}")
 assert report.action == "deferred", report
 assert not any(m == "megatron" or m.startswith("megatron.") for m in sys.modules), "imported"
 assert "torch" not in sys.modules
 import {TILELANG_DSA} as m
 assert m.fused_sparse_mla_absorbed.__backport__ == "{BACKPORT_ID}"
 from megatron.core.transformer.experimental_attention_variant import dsa_tilelang_kernels
-(again,) = bm.apply()
+again = next(r for r in bm.apply() if r.id == "{BACKPORT_ID}")
 assert again.action == "already-installed", again
 assert again.verdict == "needed" and "declined" in again.reason, again
 bm.revert()

@@ -18,6 +18,7 @@ import pytest
 from backports.megatron import activation, cli, import_notices, revert, status, switches
 from tests import standins
 from tests.conftest import BACKPORT_ID
+from tests.reports import report_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +43,7 @@ def _without_hook(report: dict) -> dict:
 def test_status_json_is_status_plus_the_hook_state(tilelang_dsa, capsys, tmp_path):
     code, out, _ = _main(capsys, "status", "--json", "--site-dir", str(tmp_path))
     assert code == 0
-    (report,) = json.loads(out)
+    report = report_for(json.loads(out), BACKPORT_ID)
     assert [_without_hook(report)] == [report.to_dict() for report in status()]
     hook = report["evidence"]["hook"]
     assert hook["path"] == str(tmp_path / activation.HOOK_FILE)
@@ -71,7 +72,7 @@ def test_after_apply_status_says_the_hook_installs_it(tilelang_dsa, capsys, star
     path = start_up_reads / activation.HOOK_FILE
     assert hook == f"hook: {path} activates the backports in every new interpreter"
     _, out, _ = _main(capsys, "status", "--json", "--site-dir", str(start_up_reads))
-    (report,) = json.loads(out)
+    report = report_for(json.loads(out), BACKPORT_ID)
     assert (
         report["action"] == "active-via-hook" and report["evidence"]["target"]["installed"] is False
     )
@@ -90,7 +91,7 @@ def test_a_hook_start_up_never_reads_activates_nothing(tilelang_dsa, capsys, tmp
     _main(capsys, "apply", "--site-dir", str(tmp_path))
     revert()
     _code, out, _ = _main(capsys, "status", "--json", "--site-dir", str(tmp_path))
-    (report,) = json.loads(out)
+    report = report_for(json.loads(out), BACKPORT_ID)
     assert report["action"] == "would-install"
     assert report["evidence"]["hook"]["runs_at_startup"] is False
 
@@ -98,7 +99,7 @@ def test_a_hook_start_up_never_reads_activates_nothing(tilelang_dsa, capsys, tmp
 def test_a_hook_for_other_backports_does_not_apply_this_one(tilelang_dsa, capsys, start_up_reads):
     activation.write_hook(start_up_reads, ())  # a hook that applies no backport
     _code, out, _ = _main(capsys, "status", "--json", "--site-dir", str(start_up_reads))
-    (report,) = json.loads(out)
+    report = report_for(json.loads(out), BACKPORT_ID)
     assert report["action"] == "would-install" and report["evidence"]["hook"]["applies"] is False
 
 
@@ -124,7 +125,7 @@ def test_apply_installs_writes_the_hook_and_is_idempotent(tilelang_dsa, capsys, 
 
 def test_apply_json_prints_reports_only(tilelang_dsa, capsys, tmp_path):
     code, out, err = _main(capsys, "apply", "--json", "--site-dir", str(tmp_path))
-    (report,) = json.loads(out)
+    report = report_for(json.loads(out), BACKPORT_ID)
     assert code == 0 and report["id"] == BACKPORT_ID and report["action"] == "installed"
     assert "hook: wrote" in err
 
@@ -193,7 +194,7 @@ def test_revert_json_reports_what_it_did_with_the_probed_verdict(tilelang_dsa, c
     _main(capsys, "apply", "--site-dir", str(tmp_path))
     revert()
     code, out, err = _main(capsys, "revert", "--json", "--site-dir", str(tmp_path))
-    (report,) = json.loads(out)
+    report = report_for(json.loads(out), BACKPORT_ID)
     assert code == 0 and report["action"] == "reverted"
     assert report["verdict"] == "needed" and "lacks the fix" not in report["reason"]
     assert report["evidence"]["behaviour"]["fixed"] is False  # probed, not made up
@@ -203,7 +204,7 @@ def test_revert_json_reports_what_it_did_with_the_probed_verdict(tilelang_dsa, c
     }
     assert "hook: removed" in err
     code, out, _ = _main(capsys, "revert", "--json", "--site-dir", str(tmp_path))
-    (report,) = json.loads(out)
+    report = report_for(json.loads(out), BACKPORT_ID)
     assert report["action"] == "not-installed" and report["evidence"]["hook"]["removed"] is False
     assert report["reason"].startswith("nothing to revert")
 
@@ -213,7 +214,7 @@ def test_revert_json_under_an_upstream_fix_reports_upstream(
 ):
     monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
     _, out, _ = _main(capsys, "revert", "--json", "--site-dir", str(tmp_path))
-    (report,) = json.loads(out)
+    report = report_for(json.loads(out), BACKPORT_ID)
     assert (report["verdict"], report["action"]) == ("upstream", "not-installed")
 
 

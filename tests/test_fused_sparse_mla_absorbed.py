@@ -13,8 +13,10 @@ import pytest
 import torch
 
 from backports.megatron import Action, apply
+from tests.conftest import BACKPORT_ID
 from tests.fake_kernel import FakeSparseMLA
 from tests.reference import sparse_mla_reference
+from tests.reports import report_for
 
 SCALE = 0.0625  # any scale works on CPU; one value keeps the GPU twin's compiles few
 # bf16 inputs, FP32 accumulation in both: the gap is the bf16 rounding of the output
@@ -27,7 +29,7 @@ GRAD_TOL = 2e-2
 def installed_any_mode(
     request: pytest.FixtureRequest, tilelang_dsa: ModuleType, fake_kernel: FakeSparseMLA
 ) -> ModuleType:
-    (report,) = apply(upstream_only=request.param)
+    report = report_for(apply(upstream_only=request.param), BACKPORT_ID)
     assert report.action is Action.INSTALLED, report
     assert report.evidence["mode"] == ("upstream-only" if request.param else "local-changes")
     return tilelang_dsa
@@ -36,7 +38,7 @@ def installed_any_mode(
 @pytest.fixture
 def installed(tilelang_dsa: ModuleType, fake_kernel: FakeSparseMLA) -> ModuleType:
     """The default: the vendored function with this project's local changes."""
-    (report,) = apply()
+    report = report_for(apply(), BACKPORT_ID)
     assert report.action is Action.INSTALLED, report
     return tilelang_dsa
 

@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from backports.megatron import Action, apply
+from tests.conftest import BACKPORT_ID
+from tests.reports import report_for
 
 SCALE = 0.0625
 
@@ -45,7 +47,7 @@ def stub(tilelang_dsa: ModuleType, monkeypatch: pytest.MonkeyPatch) -> StubSpars
 
 @pytest.fixture(params=[False, True], ids=["local-changes", "upstream-only"])
 def installed(request: pytest.FixtureRequest, tilelang_dsa: ModuleType, stub) -> ModuleType:
-    (report,) = apply(upstream_only=request.param)
+    report = report_for(apply(upstream_only=request.param), BACKPORT_ID)
     assert report.action is Action.INSTALLED
     return tilelang_dsa
 

@@ -21,6 +21,7 @@ from backports.megatron.local_changes.sparse_mla import INDEX_HYGIENE, LEAN_COPI
 from backports.megatron.vendored import load_replacement
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
 from tests.fake_kernel import FakeSparseMLA
+from tests.reports import report_for
 
 SCALE = 0.0625
 SUBSETS = {
@@ -77,7 +78,7 @@ def test_the_catalog_declares_named_local_changes_with_reasons():
 
 def test_status_json_lists_them_and_the_mode(tilelang_dsa, capsys):
     assert cli.main(["status", "--json"]) == 0
-    (report,) = [r for r in json.loads(capsys.readouterr().out) if r["id"] == BACKPORT_ID]
+    report = report_for(json.loads(capsys.readouterr().out), BACKPORT_ID)
     listed = report["evidence"]["local_changes"]
     assert [(c["name"], c["reason"]) for c in listed] == [
         (c.name, c.reason) for c in MEGATRON_LM_7617.local_changes
@@ -87,37 +88,37 @@ def test_status_json_lists_them_and_the_mode(tilelang_dsa, capsys):
 
 
 def test_upstream_only_by_argument_installs_the_vendored_function_alone(tilelang_dsa, vendored):
-    (report,) = apply(upstream_only=True)
+    report = report_for(apply(upstream_only=True), BACKPORT_ID)
     installed = tilelang_dsa.fused_sparse_mla_absorbed
     assert report.action is Action.INSTALLED and report.evidence["mode"] == "upstream-only"
     assert not any(c["active"] for c in report.evidence["local_changes"])
     assert "upstream only" in report.reason
     assert installed.__code__ is vendored.__code__
-    (seen,) = status()
+    seen = report_for(status(), BACKPORT_ID)
     assert seen.action is Action.ALREADY_INSTALLED and seen.evidence["mode"] == "upstream-only"
 
 
 def test_upstream_only_by_environment(tilelang_dsa, vendored, monkeypatch):
     monkeypatch.setenv("MEGATRON_BACKPORTS_UPSTREAM_ONLY", "1")
-    (would,) = status()
+    would = report_for(status(), BACKPORT_ID)
     assert would.action is Action.WOULD_INSTALL and would.evidence["mode"] == "upstream-only"
-    (report,) = apply()
+    report = report_for(apply(), BACKPORT_ID)
     assert report.evidence["mode"] == "upstream-only"
     assert tilelang_dsa.fused_sparse_mla_absorbed.__code__ is vendored.__code__
 
 
 def test_default_mode_wraps_and_asking_for_the_other_mode_swaps(tilelang_dsa, vendored):
     original = tilelang_dsa.fused_sparse_mla_absorbed
-    (report,) = apply()
+    report = report_for(apply(), BACKPORT_ID)
     wrapped = tilelang_dsa.fused_sparse_mla_absorbed
     assert report.evidence["mode"] == "local-changes"
     assert wrapped.__code__ is not vendored.__code__
     assert wrapped.__backport__ == BACKPORT_ID and wrapped.__wrapped__ is original
-    (swapped,) = apply(upstream_only=True)
+    swapped = report_for(apply(upstream_only=True), BACKPORT_ID)
     assert swapped.action is Action.INSTALLED and swapped.verdict is Verdict.NEEDED
     assert tilelang_dsa.fused_sparse_mla_absorbed.__code__ is vendored.__code__
     assert tilelang_dsa.fused_sparse_mla_absorbed.__wrapped__ is original
-    (again,) = apply(upstream_only=True)
+    again = report_for(apply(upstream_only=True), BACKPORT_ID)
     assert again.action is Action.ALREADY_INSTALLED
 
 

@@ -15,11 +15,12 @@ from backports.megatron import versions as versions_module
 from backports.megatron.catalog import MEGATRON_LM_7617
 from backports.megatron.probe import probe
 from tests import standins
-from tests.conftest import TILELANG_DSA
+from tests.conftest import BACKPORT_ID, TILELANG_DSA
+from tests.reports import report_for
 
 
 def _status():
-    (report,) = status()
+    report = report_for(status(), BACKPORT_ID)
     return report
 
 

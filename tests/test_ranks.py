@@ -22,7 +22,7 @@ def test_needs_an_initialised_process_group():
 
 def test_returns_what_this_rank_runs(world_of_one, tilelang_dsa):
     assert verify_ranks() == {}
-    apply()
+    apply(BACKPORT_ID)
     (sha,) = installed_backports().values()
     assert verify_ranks() == {BACKPORT_ID: sha} and len(sha) == 64
 

@@ -21,6 +21,7 @@ from backports.megatron import Action, Verdict, applied, apply, manifest, status
 from backports.megatron.ranks import installed_backports
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
 from tests.fake_kernel import FakeSparseMLA
+from tests.reports import report_for
 
 
 def _inputs(seed: int):
@@ -47,7 +48,7 @@ def test_status_while_a_training_thread_calls_the_attention(
     tilelang_dsa: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tilelang_dsa, "SparseMLA", _QuietKernel())
-    (report,) = apply()
+    report = report_for(apply(), BACKPORT_ID)
     assert report.action is Action.INSTALLED
     query, key, indices = _inputs(1)
     reference = tilelang_dsa.fused_sparse_mla_absorbed(query, key, indices, 0.125, 512)
@@ -73,7 +74,7 @@ def test_status_while_a_training_thread_calls_the_attention(
     worker.start()
     try:
         for _ in range(50):
-            (seen,) = status()
+            seen = report_for(status(), BACKPORT_ID)
             assert seen.verdict is Verdict.NEEDED
     finally:
         stop.set()
@@ -90,13 +91,15 @@ _RELOAD_SCRIPT = textwrap.dedent(
     from backports.megatron import apply, manifest, status
     from backports.megatron.ranks import installed_backports
     from tests.fake_kernel import FakeSparseMLA
+    from tests.reports import report_for
+    BACKPORT_ID = "megatron-lm-7617"
     NAME = sys.argv[1]
     module = importlib.import_module(NAME)
     module.SparseMLA = FakeSparseMLA()
-    (first,) = apply()
+    first = report_for(apply(), BACKPORT_ID)
     importlib.reload(module)  # runs the module again: the original is bound once more
     bound = getattr(module.fused_sparse_mla_absorbed, "__backport__", None)
-    (after,) = status()
+    after = report_for(status(), BACKPORT_ID)
     print(json.dumps({
         "first": first.action.value,
         "bound_after_reload": bound,
@@ -133,14 +136,14 @@ def test_a_fresh_import_is_never_reported_as_patched(
 ) -> None:
     """A second module object from a fresh import: patched again by the hook, and the
     old module object's patch is still undone by revert."""
-    (report,) = apply()
+    report = report_for(apply(), BACKPORT_ID)
     assert report.action is Action.INSTALLED
     monkeypatch.delitem(sys.modules, TILELANG_DSA)
     fresh = importlib.import_module(TILELANG_DSA)
     assert fresh is not tilelang_dsa
     fresh.SparseMLA = fake_kernel
     assert getattr(fresh.fused_sparse_mla_absorbed, "__backport__", None) == BACKPORT_ID
-    (seen,) = status()
+    seen = report_for(status(), BACKPORT_ID)
     assert seen.action is Action.ALREADY_INSTALLED
     assert BACKPORT_ID in installed_backports()
     from backports.megatron import revert
@@ -157,11 +160,11 @@ def test_an_original_put_back_by_someone_else_is_not_reported_installed(
     apply()
     # Not monkeypatch: its undo would bind our replacement again after the test.
     tilelang_dsa.fused_sparse_mla_absorbed = original
-    (seen,) = status()
+    seen = report_for(status(), BACKPORT_ID)
     assert seen.action is Action.WOULD_INSTALL
     assert installed_backports() == {}
     assert manifest()["backports"][BACKPORT_ID]["action"] != "installed"
-    (again,) = apply()
+    again = report_for(apply(), BACKPORT_ID)
     assert again.action is Action.INSTALLED
 
 
@@ -180,7 +183,7 @@ def test_a_third_party_wrapper_is_refused_not_overwritten(
         return original(*args, **kwargs)
 
     monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", team_patch)
-    (report,) = apply()
+    report = report_for(apply(), BACKPORT_ID)
     assert report.verdict is Verdict.INCOMPATIBLE
     assert "wrapped by another patch" in report.reason and "team_patch" in report.reason
     assert tilelang_dsa.fused_sparse_mla_absorbed is team_patch
@@ -194,7 +197,7 @@ def test_a_replacement_from_another_file_is_refused(
         return None
 
     monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", hand_written)
-    (report,) = status()
+    report = report_for(status(), BACKPORT_ID)
     assert report.verdict is Verdict.INCOMPATIBLE
     assert __file__ in report.reason
 
@@ -220,11 +223,11 @@ def test_odd_modules_are_skipped(
     monkeypatch.setitem(sys.modules, "odd_dict_raises", _DictRaises("odd_dict_raises"))
     monkeypatch.setitem(sys.modules, "odd_lazy_fails", _LazyFails("odd_lazy_fails"))
     monkeypatch.setitem(sys.modules, "odd_none", None)
-    (report,) = apply()
+    report = report_for(apply(), BACKPORT_ID)
     assert report.action is Action.INSTALLED
     from backports.megatron import revert
 
-    (undone,) = revert()
+    undone = report_for(revert(), BACKPORT_ID)
     assert undone.action is Action.REVERTED
 
 
@@ -238,7 +241,7 @@ def test_an_alias_in_a_module_that_refuses_setattr_is_skipped(
     frozen = Frozen("frozen_alias")
     vars(frozen)["fused_sparse_mla_absorbed"] = tilelang_dsa.fused_sparse_mla_absorbed
     monkeypatch.setitem(sys.modules, "frozen_alias", frozen)
-    (report,) = apply()
+    report = report_for(apply(), BACKPORT_ID)
     assert report.action is Action.INSTALLED
     assert getattr(tilelang_dsa.fused_sparse_mla_absorbed, "__backport__", None) == BACKPORT_ID
 

@@ -9,6 +9,7 @@ import pytest
 from backports.megatron import BackportWarning, _startup, activation, api, apply, status, switches
 from backports.megatron.report import Action, Verdict
 from tests.conftest import BACKPORT_ID
+from tests.reports import report_for
 
 OFF = ["0", "false", "off", "no", "FALSE", "Off", " no ", "\tfalse\n"]
 ON = ["1", "true", "on", "yes", "TRUE", "On", " yes ", "\ttrue\n"]
@@ -114,7 +115,7 @@ def test_a_bad_value_warns_once_in_the_api_and_keeps_the_backports_on(
 @pytest.mark.parametrize("value", ["true", "ON", " yes "])
 def test_upstream_only_takes_the_same_spellings(monkeypatch, tilelang_dsa, value: str) -> None:
     monkeypatch.setenv("MEGATRON_BACKPORTS_UPSTREAM_ONLY", value)
-    (report,) = apply()
+    report = report_for(apply(), BACKPORT_ID)
     assert report.action is Action.INSTALLED
     assert tilelang_dsa.fused_sparse_mla_absorbed.__backport_mode__ == api.UPSTREAM_ONLY
 

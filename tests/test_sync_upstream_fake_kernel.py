@@ -35,8 +35,9 @@ from backports.megatron.catalog import MEGATRON_LM_7617, BackportSpec
 from backports.megatron.local_changes import wrap_all
 from backports.megatron.probe import probe
 from backports.megatron.vendored import load_replacement
-from tests.conftest import TILELANG_DSA
+from tests.conftest import BACKPORT_ID, TILELANG_DSA
 from tests.fake_kernel import FakeSparseMLA
+from tests.reports import report_for
 from tests.test_local_changes import deterministic  # noqa: F401 (a fixture they use)
 from tests.test_sync_upstream import BACKPORT, FIXED_LIVE, ROOT, build_upstream, sync_upstream
 
@@ -81,7 +82,7 @@ def synced_catalog(synced_vendor: Path, monkeypatch: pytest.MonkeyPatch) -> Back
 
 
 def _install_synced(tilelang_dsa: ModuleType, upstream_only: bool) -> ModuleType:
-    (report,) = apply(upstream_only=upstream_only)
+    report = report_for(apply(upstream_only=upstream_only), BACKPORT_ID)
     assert report.verdict is Verdict.NEEDED and report.action is Action.INSTALLED, report
     assert report.evidence["upstream"]["origin"] == "synced"
     assert report.evidence["vendored"]["ok"]
@@ -144,7 +145,7 @@ def test_after_a_sync_apply_installs_both_local_changes(
     tilelang_dsa: ModuleType, fake_kernel: FakeSparseMLA, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert cli.main(["status", "--json"]) == 0
-    (report,) = json.loads(capsys.readouterr().out)
+    report = report_for(json.loads(capsys.readouterr().out), BACKPORT_ID)
     assert report["verdict"] == "needed" and report["evidence"]["mode"] == "local-changes"
     assert report["evidence"]["upstream"]["origin"] == "synced"
     listed = report["evidence"]["local_changes"]

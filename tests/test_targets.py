@@ -9,6 +9,7 @@ import pytest
 
 from backports.megatron import Action, Verdict, apply, revert, status
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
+from tests.reports import report_for
 
 NEW = "megatron.core.ops.attention.dsa.kernels.tilelang_dsa"
 COPIED = ("SparseMLA", "_all_bfloat16", "_is_supported_sparse_mla_head_count", "torch", "Optional")
@@ -37,14 +38,14 @@ def moved_layout(tilelang_dsa, fake_kernel, monkeypatch):
 
 
 def test_probe_finds_the_defining_module(moved_layout):
-    (report,) = status()
+    report = report_for(status(), BACKPORT_ID)
     assert report.verdict is Verdict.NEEDED, report.reason
     assert report.evidence["target"]["module"] == NEW
 
 
 def test_install_rebinds_the_defining_module_not_the_forwarder(moved_layout):
     new, old, moved = moved_layout
-    (report,) = apply()
+    report = report_for(apply(), BACKPORT_ID)
     assert report.action is Action.INSTALLED
     assert new.fused_sparse_mla_absorbed.__backport__ == BACKPORT_ID
     assert "fused_sparse_mla_absorbed" not in vars(old)  # the forwarder stays a forwarder

@@ -25,7 +25,9 @@ from backports.megatron import Action, BackportWarning, Verdict, apply, catalog
 from backports.megatron.catalog import MEGATRON_LM_7617, BackportSpec
 from backports.megatron.probe import probe_without_import
 from backports.megatron.vendored import python_files_digest
+from tests.conftest import BACKPORT_ID
 from tests.fake_kernel import FakeSparseMLA
+from tests.reports import report_for
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "integrity_vendor"
@@ -109,7 +111,7 @@ def test_an_edit_outside_the_named_file_is_refused(
     original = tilelang_dsa.fused_sparse_mla_absorbed
 
     with pytest.warns(BackportWarning, match="files_sha256"):
-        (report,) = apply()
+        report = report_for(apply(), BACKPORT_ID)
 
     assert report.verdict is Verdict.INCOMPATIBLE and report.action is not Action.INSTALLED
     assert f"vendored folder {folder} has files_sha256" in report.reason
@@ -127,7 +129,7 @@ def test_the_same_manifest_without_the_edit_installs(
     init_hash = hashlib.sha256((folder / "__init__.py").read_bytes()).hexdigest()
     edit_manifest(folder, 'file = "tilelang_dsa.py"', 'file = "__init__.py"')
     edit_manifest(folder, manifest["sha256"], init_hash)
-    (report,) = apply()
+    report = report_for(apply(), BACKPORT_ID)
     assert report.verdict is Verdict.NEEDED and report.action is Action.INSTALLED, report.reason
 
 
@@ -171,7 +173,7 @@ def test_a_malformed_manifest_is_one_clear_incompatible_reason(
         path.write_text(path.read_text() + 'reads = ["SparseMLA"]\n')
     edit_manifest(folder, old, new)
     with pytest.warns(BackportWarning):
-        (report,) = apply()
+        report = report_for(apply(), BACKPORT_ID)
     assert report.verdict is Verdict.INCOMPATIBLE
     assert "not a valid UPSTREAM.toml" in report.reason and says in report.reason
     assert "edited without" not in report.reason  # not blamed on the vendored file

@@ -93,7 +93,9 @@ def deactivate() -> None:
 def target_modules(only: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """Every module name the (selected) backports may patch, in catalog order."""
     specs = select(only)
-    return tuple(dict.fromkeys(m for spec in specs for m in spec.target.modules))
+    return tuple(
+        dict.fromkeys(m for spec in specs for target in spec.targets for m in target.modules)
+    )
 
 
 def watched_packages(only: tuple[str, ...] | None = None) -> tuple[str, ...]:

@@ -5,11 +5,10 @@ Data flows one way: catalog -> probe -> verdict -> patcher -> report.
 
 import logging
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from types import ModuleType
-from typing import Any
 
 from . import patcher, post_import, switches
 from .catalog import BackportSpec, select, select_withheld, source
@@ -18,7 +17,7 @@ from .local_changes import wrap_all
 from .probe import ProbeResult, probe, probe_without_import
 from .ranks import is_rank_zero
 from .report import Action, Report, Verdict
-from .targets import find_loaded_target
+from .targets import all_loaded, live_decorator
 from .vendored import load_replacement
 from .versions import describe
 
@@ -90,21 +89,32 @@ def installed_mode(backport_id: str) -> str | None:
     return str(getattr(installation.replacement, "__backport_mode__", WITH_LOCAL_CHANGES))
 
 
-def _replacement(spec: BackportSpec, module_name: str, upstream_only: bool) -> Callable[..., Any]:
-    vendored = load_replacement(spec.vendored, module_name)
-    return vendored if upstream_only else wrap_all(vendored, spec.local_changes)
+def _replacements(
+    spec: BackportSpec, result: ProbeResult, upstream_only: bool
+) -> list[patcher.Replacement]:
+    """One per target, in catalog order. The vendored module reads the first target's
+    module; the local changes wrap the first target's replacement."""
+    replacements = []
+    for index, (target, resolved) in enumerate(zip(spec.targets, result.targets, strict=True)):
+        module_name = resolved.module_name if index == 0 else None
+        vendored = load_replacement(spec.vendored, module_name, target.replacement_name)
+        if index == 0 and not upstream_only:
+            vendored = wrap_all(vendored, spec.local_changes)
+        decorator = None
+        if resolved.decorated and target.decorator is not None:
+            decorator = live_decorator(target.decorator)
+        replacements.append(patcher.Replacement(resolved, vendored, decorator))
+    return replacements
 
 
 def _finish(spec: BackportSpec, result: ProbeResult, upstream_only: bool) -> Report:
     """Install on ``needed``; otherwise skip. Records and announces the outcome."""
     evidence = {**result.evidence, **mode_evidence(spec, upstream_only)}
-    if result.verdict is Verdict.NEEDED and result.target is not None:
+    if result.verdict is Verdict.NEEDED and result.targets:
         mode = UPSTREAM_ONLY if upstream_only else WITH_LOCAL_CHANGES
         try:
-            replacement = _replacement(spec, result.target.module_name, upstream_only)
-            _, fresh = patcher.install(
-                spec.id, result.target, replacement, markers={"__backport_mode__": mode}
-            )
+            replacements = _replacements(spec, result, upstream_only)
+            _, fresh = patcher.install(spec.id, replacements, markers={"__backport_mode__": mode})
         except Exception as exc:  # nothing was rebound (install undoes a partial rebind)
             reason = f"install failed: {type(exc).__name__}: {exc}"
             report = Report(spec.id, Verdict.INCOMPATIBLE, Action.SKIPPED, reason, evidence)
@@ -134,9 +144,9 @@ def is_deferred(spec: BackportSpec) -> bool:
 
 
 def _watch_target(spec: BackportSpec, strict: bool, upstream_only: bool) -> None:
-    """Probe and install on every (re-)import of the target module: the first import of a
-    deferred backport, and a reload or fresh import that put the original back."""
-    for module_name in spec.target.modules:
+    """Probe and install on every (re-)import of a target module: the first import of a
+    deferred backport, and a reload or fresh import that put an original back."""
+    for module_name in dict.fromkeys(m for target in spec.targets for m in target.modules):
         callback = _on_target_import(spec, strict, upstream_only)
         post_import.register(module_name, _hook_key(spec), callback)
 
@@ -148,6 +158,8 @@ def _on_target_import(
         with patcher.lock():
             if patcher.installed(spec.id) is not None:
                 return
+            if not all_loaded(spec.targets, spec.id):
+                return  # another target's module is still to come: it probes then
             report = _finish(spec, probe(spec), upstream_only)
         if strict and report.verdict is Verdict.INCOMPATIBLE:
             raise _StrictFailure(f"{spec.id} is incompatible: {report.reason}")
@@ -173,8 +185,7 @@ def _apply_one(spec: BackportSpec, strict: bool, upstream_only: bool) -> Report:
     early = probe_without_import(spec)
     if early.final:
         return _finish(spec, early, upstream_only)
-    loaded = find_loaded_target(spec.target, spec.id) is not None
-    if not loaded:
+    if not all_loaded(spec.targets, spec.id):
         # Patch the moment megatron defines the target, not before: importing megatron
         # here would cost the job ~9 s and happen in every process the hook reaches.
         _watch_target(spec, strict, upstream_only)

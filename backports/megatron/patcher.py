@@ -1,16 +1,16 @@
-"""Install and uninstall one replacement function: every binding of the original, or none."""
+"""Install and uninstall one backport's replacements: every binding of every target, or none."""
 
 import logging
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .targets import ResolvedTarget
 
-__all__ = ["Installation", "install", "installed", "lock", "uninstall"]
+__all__ = ["Installation", "Part", "Replacement", "install", "installed", "lock", "uninstall"]
 
 # Guards installs and uninstalls (and apply's probe-then-install): one at a time.
 _LOCK = threading.RLock()
@@ -20,35 +20,74 @@ _INSTALLED: dict[str, "Installation"] = {}
 _STALE: dict[str, list["Installation"]] = {}
 _LOG = logging.getLogger("backports.megatron")
 
+Site = tuple[str, str]
+
 
 def lock() -> threading.RLock:
     return _LOCK
 
 
 @dataclass(frozen=True)
-class Installation:
-    """What was rebound: ``sites`` are (module name, attribute) pairs that held the original."""
+class Replacement:
+    """What to put in place of one resolved target.
 
-    backport_id: str
+    ``decorator`` is the live decorator the original carries (``target.decorated``): the
+    vendored body is decorated with it, and a plain shim calling the result is installed.
+    """
+
+    target: ResolvedTarget
+    vendored: Callable[..., Any]
+    decorator: Callable[..., Any] | None = None
+
+
+@dataclass(frozen=True)
+class Part:
+    """One target as installed. ``sites`` are the (module name, attribute) pairs that held
+    the original function; a method's one site is (module name, "Class.method")."""
+
     target: ResolvedTarget
     replacement: Callable[..., Any]
-    sites: tuple[tuple[str, str], ...]
+    sites: tuple[Site, ...]
 
 
-def _is_live(installation: Installation) -> bool:
+@dataclass(frozen=True)
+class Installation:
+    """Every target of one backport, installed together."""
+
+    backport_id: str
+    parts: tuple[Part, ...]
+
+    @property
+    def target(self) -> ResolvedTarget:
+        return self.parts[0].target
+
+    @property
+    def replacement(self) -> Callable[..., Any]:
+        return self.parts[0].replacement
+
+    @property
+    def sites(self) -> tuple[Site, ...]:
+        return tuple(site for part in self.parts for site in part.sites)
+
+
+def _part_is_live(part: Part) -> bool:
     """Whether the replacement still stands where the target is defined, in the module
     object ``sys.modules`` holds now (a reload re-executes the module and rebinds the
     original; a fresh import makes a new module object)."""
-    module = sys.modules.get(installation.target.module_name)
-    if module is not installation.target.module:
+    target = part.target
+    module = sys.modules.get(target.module_name)
+    if module is not target.module:
         return False
     try:
-        return vars(module).get(installation.target.attribute) is installation.replacement
+        owner_name = target.attribute.rpartition(".")[0]
+        if target.is_method and getattr(module, owner_name, None) is not target.owner:
+            return False
+        return vars(target.owner).get(target.name) is part.replacement
     except Exception:
         return False
 
 
-def _holds(site: tuple[str, str], obj: object) -> bool:
+def _holds(site: Site, obj: object) -> bool:
     module = sys.modules.get(site[0])
     namespace = _namespace(module) if module is not None else None
     return namespace is not None and namespace.get(site[1]) is obj
@@ -57,30 +96,29 @@ def _holds(site: tuple[str, str], obj: object) -> bool:
 def installed(backport_id: str) -> Installation | None:
     """The live installation of ``backport_id``, or None.
 
-    One that no longer stands (reloaded or re-imported module, or rebound by someone
-    else) is never reported: it moves to the stale list, which ``uninstall`` still cleans.
+    One that no longer stands everywhere (reloaded or re-imported module, or rebound by
+    someone else) is never reported: it moves to the stale list, which ``uninstall`` and
+    the next ``install`` still clean.
     """
     with _LOCK:
         installation = _INSTALLED.get(backport_id)
-        if installation is None or _is_live(installation):
+        if installation is None:
+            return None
+        dead = [part for part in installation.parts if not _part_is_live(part)]
+        if not dead:
             return installation
         del _INSTALLED[backport_id]
         _STALE.setdefault(backport_id, []).append(installation)
         _LOG.info(
             "%s is no longer bound at %s.%s (module reloaded, re-imported or rebound)",
             backport_id,
-            installation.target.module_name,
-            installation.target.attribute,
+            dead[0].target.module_name,
+            dead[0].target.attribute,
         )
         return None
 
 
-def _copy_function(
-    vendored: Callable[..., Any],
-    backport_id: str,
-    original: Callable[..., Any],
-    markers: dict[str, Any],
-) -> Callable[..., Any]:
+def _copy_function(vendored: Callable[..., Any]) -> types.FunctionType:
     """A fresh function object, so markers never land on the vendored module's own function."""
     if not isinstance(vendored, types.FunctionType):
         raise TypeError(f"vendored replacement is {type(vendored).__name__}, not a function")
@@ -97,10 +135,37 @@ def _copy_function(
     copy.__module__ = vendored.__module__
     copy.__annotations__ = dict(vendored.__annotations__)
     copy.__dict__.update(vendored.__dict__)
-    copy.__dict__.update(markers)
-    copy.__backport__ = backport_id  # type: ignore[attr-defined]
-    copy.__wrapped__ = original  # type: ignore[attr-defined]
     return copy
+
+
+def _shim(body: Callable[..., Any], like: types.FunctionType) -> types.FunctionType:
+    """A plain function calling ``body`` (a decorator's wrapper): markers set on it never
+    overwrite the ``__wrapped__`` that torch.compile keeps on its own wrapper."""
+
+    def shim(*args: Any, **kwargs: Any) -> Any:
+        return body(*args, **kwargs)
+
+    shim.__name__, shim.__qualname__ = like.__name__, like.__qualname__
+    shim.__module__, shim.__doc__ = like.__module__, like.__doc__
+    shim.__backport_body__ = body  # type: ignore[attr-defined]
+    assert isinstance(shim, types.FunctionType)
+    return shim
+
+
+def _make(
+    replacement: Replacement, backport_id: str, markers: dict[str, Any]
+) -> Callable[..., Any]:
+    """The object to install: a marked copy of the vendored function, or, for a decorated
+    original, a marked shim around the live decorator applied to such a copy."""
+    made = _copy_function(replacement.vendored)
+    if replacement.target.decorated:
+        if replacement.decorator is None:
+            raise TypeError(f"{replacement.target.attribute} is decorated: no decorator given")
+        made = _shim(replacement.decorator(made), made)
+    made.__dict__.update(markers)
+    made.__backport__ = backport_id  # type: ignore[attr-defined]
+    made.__wrapped__ = replacement.target.original  # type: ignore[attr-defined]
+    return made
 
 
 def _namespace(module: object) -> dict[str, Any] | None:
@@ -114,7 +179,7 @@ def _namespace(module: object) -> dict[str, Any] | None:
         return None
 
 
-def _bindings_of(obj: object) -> Iterator[tuple[str, str]]:
+def _bindings_of(obj: object) -> Iterator[Site]:
     """Every (module, attribute) in ``sys.modules`` bound to ``obj`` (aliases included)."""
     for module_name, module in list(sys.modules.items()):
         namespace = _namespace(module)
@@ -123,13 +188,11 @@ def _bindings_of(obj: object) -> Iterator[tuple[str, str]]:
                 yield module_name, attribute
 
 
-def _rebind(
-    sites: tuple[tuple[str, str], ...], old: object, new: object, required: tuple[str, str]
-) -> None:
+def _rebind(sites: tuple[Site, ...], old: object, new: object, required: Site) -> None:
     """Rebind every site that still holds ``old``. A site that refuses (a read-only module)
     is skipped with a DEBUG line, unless it is ``required`` (the defining module): then
     everything this call changed is put back and the error propagates."""
-    done: list[tuple[str, str]] = []
+    done: list[Site] = []
     try:
         for module_name, attribute in sites:
             module = sys.modules.get(module_name)
@@ -151,54 +214,86 @@ def _rebind(
         raise
 
 
+def _install_part(target: ResolvedTarget, replacement: Callable[..., Any]) -> Part:
+    # What may stand there now: the original, or our replacement of an installation whose
+    # other target was reloaded (stale); either gives way to the new replacement.
+    olds = [target.original, *([target.installed] if target.installed is not None else [])]
+    bound = vars(target.owner).get(target.name)
+    if not any(bound is old for old in olds):
+        raise LookupError(f"{target.module_name}.{target.attribute} is not the original")
+    if target.is_method:
+        # A class attribute: no module aliases; set on the class that defines it only.
+        setattr(target.owner, target.name, replacement)
+        return Part(target, replacement, ((target.module_name, target.attribute),))
+    defining_site = (target.module_name, target.attribute)
+    sites: tuple[Site, ...] = ()
+    try:
+        for old in olds:
+            found = tuple(dict.fromkeys([defining_site, *_bindings_of(old)]))
+            _rebind(found, old, replacement, required=defining_site)
+            sites += found
+    except BaseException:
+        _rebind(sites, replacement, target.original, required=defining_site)
+        raise
+    rebound = tuple(site for site in dict.fromkeys(sites) if _holds(site, replacement))
+    return Part(target, replacement, rebound)
+
+
 def install(
     backport_id: str,
-    target: ResolvedTarget,
-    vendored: Callable[..., Any],
+    replacements: Sequence[Replacement] | ResolvedTarget,
+    vendored: Callable[..., Any] | None = None,
     markers: dict[str, Any] | None = None,
 ) -> tuple[Installation, bool]:
-    """Rebind the original everywhere; returns (installation, whether this call installed).
+    """Install every replacement, or none; returns (installation, whether this call
+    installed). ``install(id, target, vendored)`` installs one undecorated function.
 
-    ``markers`` are set as attributes on the installed copy, beside ``__backport__``.
+    ``markers`` are set as attributes on each installed object, beside ``__backport__``.
     """
+    if isinstance(replacements, ResolvedTarget):
+        assert vendored is not None, "install(id, target, vendored)"
+        replacements = [Replacement(replacements, vendored)]
     with _LOCK:
         existing = installed(backport_id)
         if existing is not None:
             return existing, False
-        replacement = _copy_function(vendored, backport_id, target.original, markers or {})
-        defining_site = (target.module_name, target.attribute)
-        sites = tuple(dict.fromkeys([defining_site, *_bindings_of(target.original)]))
-        if vars(target.module).get(defining_site[1]) is not target.original:
-            raise LookupError(f"{target.module_name}.{defining_site[1]} is not the original")
-        _rebind(sites, target.original, replacement, required=defining_site)
-        rebound = tuple(site for site in sites if _holds(site, replacement))
-        installation = Installation(backport_id, target, replacement, rebound)
+        made = [(r.target, _make(r, backport_id, markers or {})) for r in replacements]
+        parts: list[Part] = []
+        try:
+            for target, replacement in made:
+                parts.append(_install_part(target, replacement))
+        except BaseException:
+            for part in reversed(parts):  # all or none
+                _uninstall_part(part)
+            raise
+        installation = Installation(backport_id, tuple(parts))
         _INSTALLED[backport_id] = installation
         return installation, True
 
 
 def uninstall(backport_id: str) -> Installation | None:
-    """Put the original back wherever our replacement still stands; None if not installed.
+    """Put every original back wherever our replacements still stand; None if not installed.
 
-    Stale installations (their module reloaded or re-imported) are undone too, wherever
-    their replacement is still bound, so that nothing of ours is left behind.
+    Stale installations (a module reloaded or re-imported) are undone too, wherever
+    their replacements are still bound, so that nothing of ours is left behind.
     """
     with _LOCK:
         live = installed(backport_id)
         _INSTALLED.pop(backport_id, None)
         for installation in [*_STALE.pop(backport_id, []), *([live] if live else [])]:
-            late_aliases = _bindings_of(installation.replacement)
-            sites = tuple(dict.fromkeys([*installation.sites, *late_aliases]))
-            defining = (installation.target.module_name, installation.target.attribute)
-            _rebind(sites, installation.replacement, installation.target.original, defining)
-            _restore_in_module_object(installation)
+            for part in reversed(installation.parts):
+                _uninstall_part(part)
         return live
 
 
-def _restore_in_module_object(installation: Installation) -> None:
-    """The module object patched at install time, even when ``sys.modules`` now holds a
-    fresh import under its name (code that kept a reference still calls into it)."""
-    module, attribute = installation.target.module, installation.target.attribute
-    namespace = _namespace(module)
-    if namespace is not None and namespace.get(attribute) is installation.replacement:
-        setattr(module, attribute, installation.target.original)
+def _uninstall_part(part: Part) -> None:
+    target = part.target
+    if not target.is_method:
+        late_aliases = _bindings_of(part.replacement)
+        sites = tuple(dict.fromkeys([*part.sites, *late_aliases]))
+        _rebind(sites, part.replacement, target.original, (target.module_name, target.name))
+    # The object patched at install time, even when ``sys.modules`` now holds a fresh
+    # import under its name (code that kept a reference still calls into it).
+    namespace = vars(target.owner) if target.is_method else _namespace(target.owner)
+    if namespace is not None and namespace.get(target.name) is part.replacement:
+        setattr(target.owner, target.name, target.original)

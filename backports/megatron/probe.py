@@ -7,7 +7,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from .catalog import BackportSpec
+from .catalog import BackportSpec, Target
 from .git_ancestry import commit_ancestry
 from .report import Verdict
 from .targets import ResolvedTarget, TargetMissing, resolve_target
@@ -22,9 +22,15 @@ class ProbeResult:
     verdict: Verdict
     reason: str
     evidence: dict[str, Any] = field(default_factory=dict)
-    target: ResolvedTarget | None = None
+    # Every resolved target in catalog order, once all were found (else empty).
+    targets: tuple[ResolvedTarget, ...] = ()
     # False only from probe_without_import: nothing decided yet, the target must be probed.
     final: bool = True
+
+    @property
+    def target(self) -> ResolvedTarget | None:
+        """The first target (single-target code)."""
+        return self.targets[0] if self.targets else None
 
 
 def _version_claim(spec: BackportSpec, evidence: dict[str, Any]) -> bool | None:
@@ -103,19 +109,23 @@ def _drift(integrity: Integrity) -> str | None:
     return None
 
 
-def _check_shape(spec: BackportSpec, target: ResolvedTarget, reads: list[str]) -> str | None:
+def _check_shape(target: Target, resolved: ResolvedTarget, reads: list[str]) -> str | None:
     """Why the target is not what the vendored code was written against, or None.
 
     ``reads`` are the globals a synced vendored function looks up on the live module: a
     helper that only the pull request added would fail at call time, so it fails here.
+    The signature is the undecorated body's: a compiled wrapper takes ``*args``.
     """
-    actual = tuple(inspect.signature(target.original).parameters)
-    if actual != spec.target.parameters:
-        return f"signature is ({', '.join(actual)}), expected ({', '.join(spec.target.parameters)})"
-    needed = dict.fromkeys([*spec.target.helpers, *reads])
-    missing = [name for name in needed if name not in vars(target.module)]
+    actual = tuple(inspect.signature(resolved.body).parameters)
+    if actual != target.parameters:
+        return (
+            f"{resolved.module_name}.{target.attribute} signature is ({', '.join(actual)}), "
+            f"expected ({', '.join(target.parameters)})"
+        )
+    needed = dict.fromkeys([*target.helpers, *reads])
+    missing = [name for name in needed if name not in vars(resolved.module)]
     if missing:
-        return f"{target.module_name} lacks {', '.join(missing)}"
+        return f"{resolved.module_name} lacks {', '.join(missing)}"
     return None
 
 
@@ -146,31 +156,59 @@ def probe(spec: BackportSpec) -> ProbeResult:
         )
 
 
-def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
-    try:
-        target = resolve_target(spec.target, spec.id)
-    except TargetMissing as exc:
-        return ProbeResult(Verdict.ABSENT, f"no {spec.target.attribute}: {exc}", evidence)
-    evidence["target"] = {
-        "module": target.module_name,
-        "imported_as": target.imported_as,
-        "attribute": spec.target.attribute,
-        "installed": target.installed is not None,
+def _resolve_all(spec: BackportSpec) -> tuple[ResolvedTarget, ...] | str:
+    """Every target resolved, in catalog order, or why one is absent."""
+    resolved = []
+    for target in spec.targets:
+        try:
+            resolved.append(resolve_target(target, spec.id))
+        except TargetMissing as exc:
+            return f"no {target.attribute}: {exc}"
+    return tuple(resolved)
+
+
+def _target_evidence(target: Target, resolved: ResolvedTarget) -> dict[str, Any]:
+    return {
+        "module": resolved.module_name,
+        "imported_as": resolved.imported_as,
+        "attribute": target.attribute,
+        "installed": resolved.installed is not None,
+        "decorated": resolved.decorated,
     }
-    if target.foreign is not None:
-        # Patching over it would silently drop that patch (and the sniff would run it).
-        reason = f"{target.module_name}.{spec.target.attribute} is {target.foreign}"
-        return ProbeResult(Verdict.INCOMPATIBLE, reason, evidence, target)
-    problem = _check_shape(spec, target, evidence["upstream"]["reads"])
-    if problem is not None:
-        return ProbeResult(Verdict.INCOMPATIBLE, problem, evidence, target)
+
+
+def _refusal(
+    spec: BackportSpec, targets: tuple[ResolvedTarget, ...], reads: list[str]
+) -> str | None:
+    """Why some target must not be patched (another patch in place, or not the shape the
+    vendored code was written against), or None. ``reads`` concern the first target."""
+    for index, (target, resolved) in enumerate(zip(spec.targets, targets, strict=True)):
+        if resolved.foreign is not None:
+            # Patching over it would silently drop that patch (and the sniff would run it).
+            return f"{resolved.module_name}.{target.attribute} is {resolved.foreign}"
+        problem = _check_shape(target, resolved, reads if index == 0 else [])
+        if problem is not None:
+            return problem
+    return None
+
+
+def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
+    targets = _resolve_all(spec)
+    if isinstance(targets, str):
+        return ProbeResult(Verdict.ABSENT, targets, evidence)
+    shown = [_target_evidence(t, r) for t, r in zip(spec.targets, targets, strict=True)]
+    evidence["target"] = shown[0]
+    evidence["targets"] = shown
+    refusal = _refusal(spec, targets, evidence["upstream"]["reads"])
+    if refusal is not None:
+        return ProbeResult(Verdict.INCOMPATIBLE, refusal, evidence, targets)
     upstream = evidence["upstream"]
     package_dir = evidence["distribution"]["package_dir"]
     evidence["git"] = commit_ancestry(
         None if package_dir is None else Path(package_dir),
         {"merge": upstream["merge_sha"], "head": upstream["head_sha"]},
     )
-    sniff = spec.sniff(target.module, target.original)  # never writes the live module
+    sniff = spec.sniff(targets)  # never writes the live modules or classes
     evidence["behaviour"] = {"fixed": sniff.fixed, **sniff.detail}
     notes = _cross_checks(spec, sniff.fixed, evidence)
     suffix = f" (disagrees: {'; '.join(notes)})" if notes else ""
@@ -179,6 +217,6 @@ def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
         reason = (
             f"{version} already has the fix: {sniff.summary}{suffix}. {spec.delete_when_landed}"
         )
-        return ProbeResult(Verdict.UPSTREAM, reason, evidence, target)
+        return ProbeResult(Verdict.UPSTREAM, reason, evidence, targets)
     reason = f"{version} lacks the fix: {sniff.summary}{suffix}"
-    return ProbeResult(Verdict.NEEDED, reason, evidence, target)
+    return ProbeResult(Verdict.NEEDED, reason, evidence, targets)

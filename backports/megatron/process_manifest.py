@@ -8,7 +8,7 @@ from .catalog import BackportSpec, entries, source, withheld
 from .patcher import installed
 from .probe import ProbeResult, probe, probe_without_import
 from .report import Verdict
-from .targets import find_loaded_target
+from .targets import all_loaded
 from .versions import installed_version
 
 __all__ = ["manifest"]
@@ -34,7 +34,7 @@ def _decision(spec: BackportSpec, early: ProbeResult) -> tuple[Verdict | None, s
         return Verdict.DISABLED, "skipped"
     if early.final:
         return early.verdict, "not-applied"
-    if find_loaded_target(spec.target, spec.id) is not None:
+    if all_loaded(spec.targets, spec.id):
         return probe(spec).verdict, "not-applied"
     # Deciding now would import megatron's target module: a manifest must not cost that.
     return None, "deferred" if api.is_deferred(spec) else "not-applied"

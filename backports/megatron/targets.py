@@ -1,26 +1,39 @@
-"""Find the function a backport patches: the module that defines it, and the original."""
+"""Find what a backport patches: the module (and class) that defines it, and the original."""
 
 import importlib
 import inspect
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from .catalog import Target
 
-__all__ = ["ResolvedTarget", "TargetMissing", "find_loaded_target", "resolve_target"]
+__all__ = [
+    "ResolvedTarget",
+    "TargetMissing",
+    "all_loaded",
+    "compiled_body",
+    "find_loaded_target",
+    "live_decorator",
+    "resolve_target",
+]
 
 
 class TargetMissing(LookupError):
-    """No candidate module defines the target function."""
+    """No candidate module defines the target function or method."""
 
 
 @dataclass(frozen=True)
 class ResolvedTarget:
-    """``module`` defines ``original``; ``installed`` is our replacement if one is live."""
+    """``module`` defines ``original``; ``installed`` is our replacement if one is live.
+
+    ``owner`` holds the attribute: the class of a "Class.method" target, else ``module``.
+    ``original`` is the very object bound there (for a compiled method, torch.compile's
+    wrapper: ``inspect.unwrap`` it to reach the body).
+    """
 
     imported_as: str
     module: ModuleType
@@ -30,10 +43,31 @@ class ResolvedTarget:
     # Why ``original`` is someone else's replacement rather than the module's own function
     # (a wrapper, or code from another file), or None.
     foreign: str | None = None
+    owner: Any = None
+    # Whether ``original`` is its declared decorator's wrapper around the module's body.
+    decorated: bool = False
+
+    def __post_init__(self) -> None:
+        if self.owner is None:
+            object.__setattr__(self, "owner", self.module)
 
     @property
     def module_name(self) -> str:
         return self.module.__name__
+
+    @property
+    def name(self) -> str:
+        """The attribute's own name on ``owner``."""
+        return self.attribute.rpartition(".")[2]
+
+    @property
+    def is_method(self) -> bool:
+        return self.owner is not self.module
+
+    @property
+    def body(self) -> Callable[..., Any]:
+        """The undecorated function (``original`` itself when it is not decorated)."""
+        return inspect.unwrap(self.original) if self.decorated else self.original
 
 
 def _is_missing_module(exc: ModuleNotFoundError, name: str) -> bool:
@@ -49,6 +83,19 @@ def _unwrap(function: Callable[..., Any], backport_id: str) -> tuple[Any, Any]:
 
 def _source_file(path: str | None) -> str | None:
     return os.path.realpath(path) if path else None
+
+
+def compiled_body(obj: object) -> Any:
+    """The function torch.compile wrapped, when ``obj`` is its wrapper; else None.
+
+    torch.compile's wrapper carries the body both as ``_torchdynamo_orig_callable`` and as
+    ``__wrapped__``; a third party's ``functools.wraps`` around it copies the first but sets
+    its own ``__wrapped__``, so it is not mistaken for the decorator.
+    """
+    body = getattr(obj, "_torchdynamo_orig_callable", None)
+    if body is not None and getattr(obj, "__wrapped__", None) is body:
+        return body
+    return None
 
 
 def _foreign(original: Callable[..., Any], defining: ModuleType) -> str | None:
@@ -73,14 +120,26 @@ def _foreign(original: Callable[..., Any], defining: ModuleType) -> str | None:
     return None
 
 
-def _resolve_in(module: ModuleType, target: Target, backport_id: str) -> ResolvedTarget | None:
+def _body_of(original: Any, target: Target, where: str) -> tuple[Any, str | None]:
+    """(the undecorated body when ``original`` is the declared decorator's wrapper, else
+    None; why it cannot be patched, or None)."""
+    body = compiled_body(original)
+    if body is not None and target.decorator is None:
+        return None, "compiled by torch.compile, but the catalog entry declares no decorator"
+    if not inspect.isfunction(body or original):
+        raise TypeError(f"{where} is {type(original).__name__}")
+    return body, None
+
+
+def _resolve_function(
+    module: ModuleType, target: Target, backport_id: str
+) -> ResolvedTarget | None:
     # getattr, not vars(): a PEP 562 forwarder hands out the function of the new module.
     function = getattr(module, target.attribute, None)
     if function is None:
         return None
     original, installed = _unwrap(function, backport_id)
-    if not inspect.isfunction(original):
-        raise TypeError(f"{module.__name__}.{target.attribute} is {type(original).__name__}")
+    body, refused = _body_of(original, target, f"{module.__name__}.{target.attribute}")
     # Rebind where the function lives, never on a forwarder; fall back to the module we
     # found it in only when the defining module does not hold it under this name.
     defining = sys.modules.get(original.__module__) or module
@@ -93,8 +152,39 @@ def _resolve_in(module: ModuleType, target: Target, backport_id: str) -> Resolve
         target.attribute,
         original,
         installed,
-        _foreign(original, defining),
+        refused or _foreign(body or original, defining),
+        decorated=body is not None,
     )
+
+
+def _resolve_method(module: ModuleType, target: Target, backport_id: str) -> ResolvedTarget | None:
+    owner_name = target.owner_name
+    assert owner_name is not None
+    owner = getattr(module, owner_name, None)
+    if not isinstance(owner, type) or target.name not in vars(owner):
+        return None  # no such class, or the method is inherited: not defined here
+    # vars(), not getattr(): the exact object in the class dict is what revert puts back.
+    original, installed = _unwrap(vars(owner)[target.name], backport_id)
+    body, refused = _body_of(original, target, f"{module.__name__}.{target.attribute}")
+    defining = sys.modules.get(owner.__module__) or module
+    if getattr(defining, owner_name, None) is not owner:
+        defining = module
+    return ResolvedTarget(
+        module.__name__,
+        defining,
+        target.attribute,
+        original,
+        installed,
+        refused or _foreign(body or original, defining),
+        owner,
+        decorated=body is not None,
+    )
+
+
+def _resolve_in(module: ModuleType, target: Target, backport_id: str) -> ResolvedTarget | None:
+    if target.owner_name is None:
+        return _resolve_function(module, target, backport_id)
+    return _resolve_method(module, target, backport_id)
 
 
 def find_loaded_target(target: Target, backport_id: str) -> ResolvedTarget | None:
@@ -109,7 +199,7 @@ def find_loaded_target(target: Target, backport_id: str) -> ResolvedTarget | Non
 
 
 def resolve_target(target: Target, backport_id: str) -> ResolvedTarget:
-    """Import the candidate modules in order until one provides the target function."""
+    """Import the candidate modules in order until one provides the target."""
     tried: list[str] = []
     for name in target.modules:
         try:
@@ -124,3 +214,18 @@ def resolve_target(target: Target, backport_id: str) -> ResolvedTarget:
             return found
         tried.append(f"{name} (no {target.attribute})")
     raise TargetMissing("; ".join(tried))
+
+
+def all_loaded(targets: Sequence[Target], backport_id: str) -> bool:
+    """Whether every target is defined by a module already imported (importing nothing)."""
+    return all(find_loaded_target(target, backport_id) is not None for target in targets)
+
+
+def live_decorator(path: str) -> Callable[..., Any]:
+    """The decorator named "module:name", read now: megatron may switch it at run time
+    (``megatron.core.jit`` rebinds ``jit_fuser``)."""
+    module_name, _, name = path.partition(":")
+    decorator = getattr(importlib.import_module(module_name), name)
+    if not callable(decorator):
+        raise TypeError(f"decorator {path} is {type(decorator).__name__}, not callable")
+    return decorator  # type: ignore[no-any-return]

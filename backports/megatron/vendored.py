@@ -95,11 +95,17 @@ def check_integrity(ref: VendoredRef, upstream: dict[str, Any]) -> Integrity:
     )
 
 
-def load_replacement(ref: VendoredRef, target_module: str) -> Callable[..., Any]:
-    """The vendored function, bound to read its globals from ``target_module`` at call time."""
+def load_replacement(
+    ref: VendoredRef, target_module: str | None, attribute: str | None = None
+) -> Callable[..., Any]:
+    """The vendored function ``attribute`` (default: ``ref.attribute``); with
+    ``target_module``, the vendored module reads its globals from that module at call time
+    (a multi-target entry binds it to its first target's module)."""
     module = importlib.import_module(f"{ref.package}.{ref.module}")
-    setattr(module, "__target_module__", target_module)  # noqa: B010 (a dunder set by name)
-    function = getattr(module, ref.attribute)
+    if target_module is not None:
+        setattr(module, "__target_module__", target_module)  # noqa: B010 (a dunder by name)
+    name = attribute or ref.attribute
+    function = getattr(module, name)
     if not callable(function):
-        raise BackportError(f"{module.__name__}.{ref.attribute} is not callable")
+        raise BackportError(f"{module.__name__}.{name} is not callable")
     return function  # type: ignore[no-any-return]

@@ -29,9 +29,11 @@ import torch
 from backports.megatron import Action, apply
 from backports.megatron.local_changes import _sparse_mla_adapter as adapter
 from backports.megatron.local_changes import _sparse_mla_triton as fused
+from tests.conftest import BACKPORT_ID
 from tests.gpu.conftest import SCALE
 from tests.gpu.prewarm import CompileCounter
 from tests.reference import sparse_mla_reference
+from tests.reports import report_for
 
 pytestmark = pytest.mark.gpu
 
@@ -54,7 +56,7 @@ class _Spy:
 
 @pytest.fixture
 def installed(tilelang_dsa: ModuleType, compiled_kernels) -> ModuleType:
-    (report,) = apply()
+    report = report_for(apply(), BACKPORT_ID)
     assert report.action is Action.INSTALLED, report
     assert report.evidence["mode"] == "local-changes"
     assert getattr(tilelang_dsa.fused_sparse_mla_absorbed, "__backport__", None)

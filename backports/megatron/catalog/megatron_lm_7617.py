@@ -5,15 +5,18 @@ queries and top-k widths that are not a multiple of 64, and DSA layers shaped li
 GLM-5.3-Flash (width 512, top-k 2048 + 3) fall back to a dense O(L^2) softmax.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
 
 from ..local_changes.sparse_mla import INDEX_HYGIENE, LEAN_COPIES
 from ..private_globals import with_globals
 from .spec import BackportSpec, SniffResult, Target, VendoredRef
+
+if TYPE_CHECKING:
+    from ..targets import ResolvedTarget
 
 __all__ = ["SPEC"]
 
@@ -64,12 +67,14 @@ def _sniff_call(
     }
 
 
-def _sniff(module: ModuleType, function: Callable[..., Any]) -> SniffResult:
+def _sniff(targets: Sequence["ResolvedTarget"]) -> SniffResult:
     """Fixed iff a NoPE / top-k 65 call reaches the kernel as 576 channels, top-k % 64 == 0.
 
     An aligned 576 / 64 call is the control: every version of the function sends it to the
     kernel, so one that does not is not the function this backport was written against.
     """
+    (target,) = targets
+    module, function = target.module, target.original
     control = _sniff_call(module, function, width=_KERNEL_WIDTH, topk=_TOPK_BLOCK)
     if control["kernel_saw"] is None:
         raise _SniffFailed(f"the aligned 576/64 control call never reached the kernel: {control}")
@@ -95,15 +100,17 @@ def _sniff(module: ModuleType, function: Callable[..., Any]) -> SniffResult:
 SPEC = BackportSpec(
     id="megatron-lm-7617",
     title="TileLang sparse MLA: NoPE width 512 and unaligned top-k",
-    target=Target(
-        distribution="megatron-core",
-        modules=(
-            "megatron.core.ops.attention.dsa.kernels.tilelang_dsa",
-            "megatron.core.transformer.experimental_attention_variant.ops.tilelang_dsa",
+    targets=(
+        Target(
+            distribution="megatron-core",
+            modules=(
+                "megatron.core.ops.attention.dsa.kernels.tilelang_dsa",
+                "megatron.core.transformer.experimental_attention_variant.ops.tilelang_dsa",
+            ),
+            attribute="fused_sparse_mla_absorbed",
+            parameters=("query", "key", "topk_indices", "softmax_scale", "v_channels"),
+            helpers=("SparseMLA", "_all_bfloat16", "_is_supported_sparse_mla_head_count"),
         ),
-        attribute="fused_sparse_mla_absorbed",
-        parameters=("query", "key", "topk_indices", "softmax_scale", "v_channels"),
-        helpers=("SparseMLA", "_all_bfloat16", "_is_supported_sparse_mla_head_count"),
     ),
     target_since=Version("0.19"),
     fixed_in=None,

@@ -1,35 +1,60 @@
 """The shape of a catalog entry: what one backport patches, and how to tell it is fixed."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
 
 from ..local_changes import LocalChange
 
-__all__ = ["BackportSpec", "LocalChange", "SniffResult", "Target", "VendoredRef"]
+if TYPE_CHECKING:  # targets.py imports this package: the type is only for the checker
+    from ..targets import ResolvedTarget
+
+__all__ = ["BackportSpec", "LocalChange", "Sniff", "SniffResult", "Target", "VendoredRef"]
 
 
 @dataclass(frozen=True)
 class Target:
-    """The upstream function a backport replaces."""
+    """One upstream function or class method a backport replaces."""
 
+    # The distribution that ships the target: version and git evidence read this one.
     distribution: str
-    # Dotted modules that may define the function, newest layout first. An older path
+    # Dotted modules that may define the target, newest layout first. An older path
     # may survive as a PEP 562 forwarder; the patcher rebinds where it is *defined*.
     modules: tuple[str, ...]
+    # "function", or "Class.method": the method is set and restored on that class only.
     attribute: str
-    # Parameter names, in order, that the vendored code was written against.
+    # Parameter names, in order, of the *unwrapped* original ("self" included).
     parameters: tuple[str, ...]
     # Module globals the vendored code reads from the live target module.
     helpers: tuple[str, ...] = ()
+    # The vendored module's attribute that replaces it; "" = the last part of ``attribute``.
+    replacement: str = ""
+    # "module:name" of the decorator the original carries (e.g. "megatron.core.jit:jit_fuser").
+    # When the installed original is decorated, the vendored body is decorated with the
+    # live decorator and installed behind a plain shim; None: never decorated.
+    decorator: str | None = None
+
+    @property
+    def owner_name(self) -> str | None:
+        """The class holding a method target, or None for a module-level function."""
+        owner, dot, _ = self.attribute.rpartition(".")
+        return owner if dot else None
+
+    @property
+    def name(self) -> str:
+        """The attribute's own name (the method's, for "Class.method")."""
+        return self.attribute.rpartition(".")[2]
+
+    @property
+    def replacement_name(self) -> str:
+        return self.replacement or self.name
 
 
 @dataclass(frozen=True)
 class SniffResult:
-    """What running the installed function on tiny inputs showed."""
+    """What running the installed function(s) on tiny inputs showed."""
 
     fixed: bool
     summary: str  # one line for the report's reason
@@ -38,15 +63,20 @@ class SniffResult:
 
 @dataclass(frozen=True)
 class VendoredRef:
-    """Where the vendored replacement lives (inside ``backports.megatron._vendor``)."""
+    """Where the vendored replacement lives (inside ``backports.megatron._vendor``).
+
+    ``attribute`` is the first target's replacement; every target's replacement is an
+    attribute of the same vendored module.
+    """
 
     package: str
     module: str
     attribute: str
 
 
-# sniff(defining module, original function) -> SniffResult; raising means incompatible.
-Sniff = Callable[[ModuleType, Callable[..., Any]], SniffResult]
+# sniff(every resolved target, in spec.targets order) -> SniffResult; raising means
+# incompatible. It must never write the live module or class (see private_globals).
+Sniff = Callable[[Sequence["ResolvedTarget"]], SniffResult]
 
 
 @dataclass(frozen=True)
@@ -55,13 +85,24 @@ class BackportSpec:
 
     id: str
     title: str
-    target: Target
-    # First release of the distribution that has the target at all.
+    # Applied and reverted together, all or none; the entry has one report.
+    targets: tuple[Target, ...]
+    # First release of the distribution that has the target(s) at all.
     target_since: Version
     # First release known to carry the fix; None while no release does.
     fixed_in: Version | None
     sniff: Sniff
     vendored: VendoredRef
     delete_when_landed: str
-    # What this project adds around the vendored code, outermost first (see local_changes).
+    # What this project adds around the first target's vendored code, outermost first
+    # (see local_changes).
     local_changes: tuple[LocalChange, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.targets:
+            raise ValueError(f"{self.id}: a catalog entry needs at least one target")
+
+    @property
+    def target(self) -> Target:
+        """The first target (single-target code and messages)."""
+        return self.targets[0]
