@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from backports.megatron import BackportWarning, Verdict, apply, catalog, cli, status
+from backports.megatron import BackportWarning, Verdict, activation, apply, catalog, cli, status
 from backports.megatron.catalog import MEGATRON_LM_7617
 from backports.megatron.plugins import GROUP, Withheld
 from tests.conftest import BACKPORT_ID
@@ -265,3 +265,16 @@ def test_help_lists_plugin_entries_and_the_skip_switch(
     out = capsys.readouterr().out
     assert "acme-1" in out and "[acme-one 2.3]" in out
     assert "MEGATRON_BACKPORTS_SKIP_PLUGINS=DIST" in out
+
+
+def test_the_start_up_hook_watches_plugin_targets(make_plugin: MakePlugin) -> None:
+    body = """
+    base = clone('acme-lib')
+    target = dataclasses.replace(base.target, modules=('acme_lib.kernels',))
+    VALUE = dataclasses.replace(base, targets=(target,))
+    """
+    make_plugin("acme-lib", {"acme-lib": body})
+    assert "acme_lib.kernels" in activation.target_modules()
+    assert activation.target_modules(("acme-lib",)) == ("acme_lib.kernels",)
+    assert activation.watched_packages() == ("megatron", "acme_lib")
+    assert "acme_lib" in activation.hook_text()

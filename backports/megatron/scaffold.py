@@ -35,6 +35,7 @@ from types import ModuleType
 from typing import Any
 
 from .errors import BackportError
+from .targets import compiled_body
 from .vendored import python_files_digest
 from .versions import installed_version
 
@@ -95,12 +96,6 @@ def _original(module: ModuleType, qualname: str) -> tuple[Any, Any]:
     if name not in vars(owner):
         raise BackportError(f"{module.__name__}.{qualname} is not defined on that class")
     return owner, vars(owner)[name]
-
-
-def compiled_body(obj: object) -> Any:
-    """The function torch.compile wrapped, when ``obj`` is its wrapper; else None."""
-    body = getattr(obj, "_torchdynamo_orig_callable", None)
-    return body if body is not None and getattr(obj, "__wrapped__", None) is body else None
 
 
 def _function_node(body: Any) -> ast.FunctionDef | ast.AsyncFunctionDef:
