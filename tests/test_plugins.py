@@ -6,6 +6,7 @@ the builtin #7617 entry under other ids, so what the loader hands on is a real e
 the probe can run on megatron-core 0.19.2.
 """
 
+import importlib
 import importlib.metadata
 import itertools
 import json
@@ -17,7 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from backports.megatron import BackportWarning, Verdict, activation, apply, catalog, cli, status
+from backports.megatron import (
+    BackportWarning,
+    Verdict,
+    activation,
+    apply,
+    catalog,
+    cli,
+    revert,
+    status,
+)
 from backports.megatron.catalog import MEGATRON_LM_7617
 from backports.megatron.plugins import GROUP, Withheld
 from tests.conftest import BACKPORT_ID
@@ -44,6 +54,7 @@ def make_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mak
     Each body defines ``VALUE``; the entry point names ``<package>.<module>:VALUE``.
     """
     packages: list[str] = []
+    roots: list[str] = []
     catalog.reload()
 
     def make(dist: str, modules: dict[str, str], version: str = "1.0") -> str:
@@ -60,12 +71,20 @@ def make_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mak
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
         (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
-        monkeypatch.syspath_prepend(str(root))
+        # Not monkeypatch.syspath_prepend: its undo comes after the autouse fixture's
+        # revert(), which would load this plugin into the catalog again.
+        sys.path.insert(0, str(root))
+        importlib.invalidate_caches()
+        roots.append(str(root))
         packages.append(package)
         catalog.reload()
         return package
 
     yield make
+    revert()  # while the plugins' entries are still in the catalog
+    for root in roots:
+        sys.path.remove(root)
+    importlib.invalidate_caches()
     catalog.reload()
     for name in [n for n in sys.modules if n.split(".")[0] in packages]:
         del sys.modules[name]
