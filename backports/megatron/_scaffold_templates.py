@@ -63,8 +63,8 @@ def values(s: "Scaffold") -> dict[str, str]:
         "helpers": _tuple(t.reads),
         "decorator": "None" if t.decorator is None else f'"{t.decorator}"',
         "decorator_note": (
-            f"# The original is compiled by torch.compile; {t.decorator} is read from its\n"
-            f"{_INDENT}# `@` line: check it. The vendored body is decorated with the live one.\n"
+            "# torch.compile'd: its `@` line names this decorator (check it); the\n"
+            f"{_INDENT}# vendored body is decorated with the live one at install.\n"
             f"{_INDENT}"
             if t.decorator
             else ""
