@@ -19,6 +19,7 @@ from backports.megatron import (
     revert,
 )
 from backports.megatron import probe as probe_module
+from backports.megatron.catalog import CATALOG
 from tests import standins
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
 from tests.reports import report_for
@@ -79,8 +80,10 @@ def test_concurrent_apply_installs_once(tilelang_dsa):
         thread.start()
     for thread in threads:
         thread.join()
-    actions = sorted(str(r.action) for r in results)
-    assert actions == ["already-installed"] * 7 + ["installed"]
+    assert {r.id for r in results} == {spec.id for spec in CATALOG}
+    for backport_id in {r.id for r in results}:
+        actions = sorted(str(r.action) for r in results if r.id == backport_id)
+        assert actions == ["already-installed"] * 7 + ["installed"], backport_id
 
 
 def test_one_warning_per_verdict_over_repeated_apply(tilelang_dsa, monkeypatch):

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from backports.megatron import activation, cli, import_notices, revert, status, switches
+from backports.megatron.catalog import CATALOG
 from tests import standins
 from tests.conftest import BACKPORT_ID
 from tests.reports import report_for
@@ -43,8 +44,9 @@ def _without_hook(report: dict) -> dict:
 def test_status_json_is_status_plus_the_hook_state(tilelang_dsa, capsys, tmp_path):
     code, out, _ = _main(capsys, "status", "--json", "--site-dir", str(tmp_path))
     assert code == 0
-    report = report_for(json.loads(out), BACKPORT_ID)
-    assert [_without_hook(report)] == [report.to_dict() for report in status()]
+    reports = json.loads(out)
+    report = report_for(reports, BACKPORT_ID)
+    assert [_without_hook(r) for r in reports] == [r.to_dict() for r in status()]
     hook = report["evidence"]["hook"]
     assert hook["path"] == str(tmp_path / activation.HOOK_FILE)
     assert (hook["exists"], hook["applies"]) == (False, False)
@@ -52,7 +54,9 @@ def test_status_json_is_status_plus_the_hook_state(tilelang_dsa, capsys, tmp_pat
 
 def test_status_table_says_what_apply_would_do(tilelang_dsa, capsys, tmp_path):
     code, out, _ = _main(capsys, "status", "--site-dir", str(tmp_path))
-    header, row, hook, note = out.splitlines()
+    header, *rows, hook, note = out.splitlines()
+    assert [row.split()[0] for row in rows] == [spec.id for spec in CATALOG]
+    row = rows[0]
     assert header.split()[:5] == ["id", "upstream", "megatron-core", "verdict", "action"]
     upstream = "NVIDIA/Megatron-LM#7617"
     assert row.split()[:5] == [BACKPORT_ID, upstream, "0.19.2", "needed", "would-install"]
@@ -66,7 +70,8 @@ def test_after_apply_status_says_the_hook_installs_it(tilelang_dsa, capsys, star
     assert _main(capsys, "apply", "--site-dir", str(start_up_reads))[0] == 0
     revert()  # a new process: nothing installed in it yet
     code, out, _ = _main(capsys, "status", "--site-dir", str(start_up_reads))
-    _header, row, hook = out.splitlines()
+    _header, *rows, hook = out.splitlines()
+    row = rows[[spec.id for spec in CATALOG].index(BACKPORT_ID)]
     assert code == 0 and row.split()[3:5] == ["needed", "active-via-hook"]
     assert "the start-up hook installs it in each new process" in row
     path = start_up_reads / activation.HOOK_FILE
@@ -183,7 +188,8 @@ def test_revert_in_a_new_process_says_it_removed_the_hook(tilelang_dsa, capsys, 
     _main(capsys, "apply", "--site-dir", str(tmp_path))
     revert()  # a new process: nothing installed in it; the hook is what revert undoes
     code, out, _ = _main(capsys, "revert", "--site-dir", str(tmp_path))
-    _header, row, note = out.splitlines()
+    _header, *rows, note = out.splitlines()
+    row = rows[[spec.id for spec in CATALOG].index(BACKPORT_ID)]
     hook = tmp_path / activation.HOOK_FILE
     assert row.split()[:2] == [BACKPORT_ID, "reverted"]
     assert f"removed the start-up hook {hook}: new processes do not apply it" in row
@@ -249,10 +255,11 @@ def test_apply_with_every_backport_off_names_an_earlier_hook(
 def test_apply_leaves_skipped_backports_out_of_the_hook(
     tilelang_dsa, monkeypatch, capsys, tmp_path
 ):
-    monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP", f"other, {BACKPORT_ID}")
+    ids = ", ".join(spec.id for spec in CATALOG)
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP", f"other, {ids}")
     code, out, _ = _main(capsys, "apply", "--site-dir", str(tmp_path))
     assert code == 0 and not activation.read_hook(tmp_path).exists
-    expected = f"every backport asked for is off (MEGATRON_BACKPORTS_SKIP names {BACKPORT_ID})"
+    expected = f"every backport asked for is off (MEGATRON_BACKPORTS_SKIP names {ids})"
     assert expected in out
 
 

@@ -8,6 +8,8 @@ import pytest
 from backports.megatron.git_ancestry import commit_ancestry
 from backports.megatron.versions import _version_from_package_info
 
+CORE = {"distribution": "megatron-core", "package": "megatron.core"}
+
 PACKAGE_INFO = 'MAJOR = 0\nMINOR = 19\nPATCH = 2\nPRE_RELEASE = "rc1"\n__version__ = "x"\n'
 
 
@@ -34,7 +36,7 @@ def checkout(tmp_path):
 
 def test_checkout_that_contains_the_merge(checkout):
     repo, core, shas = checkout
-    evidence = commit_ancestry(core, {"merge": shas["fix"][:7], "head": shas["side"]})
+    evidence = commit_ancestry(core, {"merge": shas["fix"][:7], "head": shas["side"]}, **CORE)
     assert evidence["checkout"] is True
     assert evidence["contains"] == {"merge": True, "head": False}
     assert evidence["head"] == repo.head.commit.hexsha
@@ -44,13 +46,13 @@ def test_checkout_before_the_merge(checkout):
     repo, core, shas = checkout
     repo.git.checkout(shas["base"])
     (core / "__init__.py").write_text("")
-    evidence = commit_ancestry(core, {"merge": shas["fix"]})
+    evidence = commit_ancestry(core, {"merge": shas["fix"]}, **CORE)
     assert evidence["contains"] == {"merge": False}
 
 
 def test_unknown_commit_is_unknown_not_false(checkout):
     _, core, _ = checkout
-    evidence = commit_ancestry(core, {"merge": "f77f360"})
+    evidence = commit_ancestry(core, {"merge": "f77f360"}, **CORE)
     assert evidence["contains"] == {"merge": None}
 
 
@@ -59,7 +61,7 @@ def test_megatron_inside_a_users_project_is_no_evidence(tmp_path):
     project = git.Repo.init(tmp_path / "project")
     core = Path(project.working_tree_dir) / ".venv" / "site-packages" / "megatron" / "core"
     _commit(project, core / "package_info.py", PACKAGE_INFO, "vendored venv")
-    evidence = commit_ancestry(core, {"merge": project.head.commit.hexsha})
+    evidence = commit_ancestry(core, {"merge": project.head.commit.hexsha}, **CORE)
     assert evidence["checkout"] is False
     assert "unrelated git work tree" in evidence["note"]
 
@@ -67,10 +69,25 @@ def test_megatron_inside_a_users_project_is_no_evidence(tmp_path):
 def test_not_a_checkout(tmp_path):
     core = tmp_path / "site-packages" / "megatron" / "core"
     core.mkdir(parents=True)
-    assert commit_ancestry(core, {"merge": "f77f360"})["checkout"] is False
+    assert commit_ancestry(core, {"merge": "f77f360"}, **CORE)["checkout"] is False
 
 
 def test_version_read_from_package_info_without_executing_it(tmp_path):
     (tmp_path / "package_info.py").write_text(PACKAGE_INFO + "raise SystemExit('executed')\n")
     assert str(_version_from_package_info(tmp_path)) == "0.19.2rc1"
     assert _version_from_package_info(tmp_path / "missing") is None
+
+
+def test_another_distributions_checkout_is_read_by_its_own_package(tmp_path):
+    """Nothing assumes megatron/core: a target in another distribution's tree is looked up
+    at <root>/<its package>, and the notes name that distribution."""
+    repo = git.Repo.init(tmp_path / "other-project", initial_branch="main")
+    package = Path(repo.working_tree_dir) / "otherpkg" / "sub"
+    fix = _commit(repo, package / "__init__.py", "", "the fix")
+    own = {"distribution": "other-dist", "package": "otherpkg.sub"}
+    evidence = commit_ancestry(package, {"merge": fix}, **own)
+    assert evidence["checkout"] is True and evidence["contains"] == {"merge": True}
+    wrong = commit_ancestry(package, {"merge": fix}, **CORE)
+    assert wrong["checkout"] is False and "megatron-core sits inside" in wrong["note"]
+    missing = commit_ancestry(None, {"merge": fix}, **own)
+    assert missing == {"checkout": False, "note": "other-dist not found on sys.path"}

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from backports.megatron.catalog import CATALOG
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -53,6 +55,24 @@ def test_wheel_ships_vendor_inside_the_package_and_no_namespace_init(wheel):
     assert {t for t in top_level if not t.endswith(".dist-info")} == {"backports"}
 
 
+def _vendored_files(spec):
+    """What the wheel must hold for ``spec``: its vendor/<id>/ .py files and UPSTREAM.toml,
+    listed from the source folder (not from the package list the build used)."""
+    folder = ROOT / "vendor" / spec.vendored.package.rpartition(".")[2]
+    names = [*sorted(p.name for p in folder.glob("*.py")), "UPSTREAM.toml"]
+    return [f"backports/megatron/_vendor/{folder.name}/{name}" for name in names]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", CATALOG, ids=lambda spec: spec.id)
+def test_wheel_ships_every_catalog_entrys_vendored_folder(wheel, spec):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    expected = _vendored_files(spec)
+    assert len(expected) >= 3  # __init__.py, the vendored module, UPSTREAM.toml
+    assert [name for name in expected if name not in names] == []
+    assert f"backports/megatron/catalog/{spec.id.replace('-', '_')}.py" in names
+
+
 @pytest.mark.slow
 def test_plain_install_finds_the_vendored_code(wheel, tmp_path):
     target = tmp_path / "site"
@@ -70,8 +90,12 @@ def test_plain_install_finds_the_vendored_code(wheel, tmp_path):
     )
     # -S: no site-packages .pth files, so the development install's editable finder cannot
     # fill in what the wheel lacks; the venv's packages are still importable by path.
-    site_packages = sysconfig.get_paths()["purelib"]
-    out = _run("-S", "-c", script, cwd=tmp_path, env=_isolated_env(target, site_packages))
+    # Every site-packages folder on sys.path: a worktree's light venv sees the main venv's
+    # packages (packaging, torch) only through a .pth file, which -S skips.
+    site_packages = dict.fromkeys(
+        [sysconfig.get_paths()["purelib"], *(p for p in sys.path if p.endswith("site-packages"))]
+    )
+    out = _run("-S", "-c", script, cwd=tmp_path, env=_isolated_env(target, *site_packages))
     assert len(out.strip()) == 64
 
 

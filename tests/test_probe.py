@@ -109,7 +109,7 @@ def test_uninstalled_megatron_core_is_absent(monkeypatch):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(versions_module.importlib.metadata, "version", missing)
-    monkeypatch.setattr(versions_module, "_megatron_core_dir", lambda: None)
+    monkeypatch.setattr(versions_module, "_package_dir", lambda package: None)
     assert _status().verdict is Verdict.ABSENT
 
 

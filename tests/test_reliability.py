@@ -162,7 +162,7 @@ def test_an_original_put_back_by_someone_else_is_not_reported_installed(
     tilelang_dsa.fused_sparse_mla_absorbed = original
     seen = report_for(status(), BACKPORT_ID)
     assert seen.action is Action.WOULD_INSTALL
-    assert installed_backports() == {}
+    assert BACKPORT_ID not in installed_backports()
     assert manifest()["backports"][BACKPORT_ID]["action"] != "installed"
     again = report_for(apply(), BACKPORT_ID)
     assert again.action is Action.INSTALLED

@@ -245,3 +245,15 @@ def test_the_vendored_module_text() -> None:
     assert vendored.text.startswith("# Vendored for megatron-backports; see UPSTREAM.toml")
     assert "# ruff: noqa\n" in vendored.text
     assert vendored.segment == "def f():\n    return K + helper()\n"
+
+
+def test_the_header_says_only_what_the_entrys_manifest_records():
+    """No entry's story in the generic text: a planned move is mentioned only when this
+    entry's UPSTREAM.toml records one, and then with its own path."""
+    plain = vendor("def f():\n    return K\n")
+    assert "plans to move" not in plain.text and "megatron/core/ops" not in plain.text
+    provenance = Provenance(
+        "https://example.com/up.git", 1, "ab" * 20, "m.py", "f", "m", moved_path="new/m.py"
+    )
+    moved = render_vendored(MODULE + "def f():\n    return K\n" + _TAIL, "f", provenance)
+    assert "(upstream plans to move it to new/m.py)" in moved.text

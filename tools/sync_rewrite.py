@@ -401,6 +401,8 @@ class Provenance:
     path: str
     symbol: str
     target_module: str  # the default ``__target_module__``; the applier rebinds it
+    # Where upstream plans to move the module (UPSTREAM.toml's ``moved_path``), or None.
+    moved_path: str | None = None
 
 
 def render_vendored(source: str, symbol: str, provenance: Provenance) -> Vendored:
@@ -468,9 +470,11 @@ def _module_text(
         head += [f"from __future__ import {', '.join(future)}", ""]
     head += list(dict.fromkeys(["import sys", *imports]))
     reads_text = "".join(f'    "{name}",\n' for name in reads)
+    # Said only when this entry's UPSTREAM.toml records a planned move.
+    move = f" (upstream plans to move it to {p.moved_path})" if p.moved_path else ""
     body = (
         "\n\n# The module whose globals the function reads. The applier rebinds it to the module\n"
-        "# that really defines the function (upstream plans to move it under megatron/core/ops/).\n"
+        f"# that really defines the function{move}.\n"
         f'__target_module__ = "{p.target_module}"\n\n'
         "# Module globals of the target that the function reads at call time.\n"
         f"__reads__ = (\n{reads_text})\n\n\n"

@@ -78,7 +78,7 @@ CACHE_SUBDIR = Path("megatron-backports") / "upstream"
 
 _SHA = re.compile(r"[0-9a-fA-F]{4,40}")
 _BACKPORT_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
-_REQUIRED = {"id": str, "repo": str, "pr": int, "path": str, "symbol": str, "file": str}
+_REQUIRED = {"id": str, "repo": str, "pr": int, "path": str, "file": str}
 # Variables that would point git at some other repository than the cache clone.
 _GIT_LOCATION_VARS = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY")
 
@@ -139,6 +139,10 @@ def _read_manifest(folder: Path) -> Backport:
     for key in ("moved_path", "origin", "sha256", "files_sha256"):
         if not isinstance(data.get(key, ""), str):
             raise UsageError(f"{path}: {key!r} must be a str")
+    symbol = data.get("symbol")
+    names = symbol if isinstance(symbol, list) else [symbol]
+    if not names or not all(isinstance(name, str) and name for name in names):
+        raise UsageError(f"{path}: 'symbol' must be a name or a list of names")
     name = data["file"]
     if Path(name).name != name or name in ("", ".", "..") or not name.endswith(".py"):
         raise UsageError(f"{path}: 'file' must be a .py file name in {folder.name}/")
@@ -594,6 +598,9 @@ def _new_manifest(
     )
     if synced_repo is not None:
         data["synced_repo"] = synced_repo
+    # A handwritten folder of an open pull request may not know its head: the commit
+    # synced now is the first one known to be upstream's.
+    data.setdefault("head_sha", commit.hexsha)
     return data
 
 
@@ -628,6 +635,20 @@ def _tidy(vendor: Path, dry_run: bool) -> None:
         print(f"note: {line}")
 
 
+def _one_symbol(backport: Backport) -> str:
+    """The one top-level function a sync vendors; a folder of several targets (a list of
+    symbols, or a "Class.method") stays handwritten."""
+    symbol = backport.manifest["symbol"]
+    names = symbol if isinstance(symbol, list) else [symbol]
+    if len(names) != 1 or "." in names[0]:
+        raise UsageError(
+            f"{backport.shown(MANIFEST)} names {', '.join(map(str, names))}: a sync vendors one "
+            "top-level function; keep this folder handwritten and record its hashes with "
+            "--rehash"
+        )
+    return str(names[0])
+
+
 def sync(
     vendor: Path,
     backport_id: str,
@@ -640,7 +661,7 @@ def sync(
     sha = None if sha is None else sha.lower()
     _tidy(vendor, dry_run)
     backport = load_backport(vendor, backport_id)
-    manifest = backport.manifest
+    manifest = {**backport.manifest, "symbol": _one_symbol(backport)}
     url = repo_location(repo_arg if repo_arg is not None else manifest["repo"])
     with cache_clone(url) as repo:
         fetch(repo, url, sha, pr)
@@ -657,6 +678,10 @@ def sync(
         path=source.path,
         symbol=manifest["symbol"],
         target_module=_module_name(manifest["path"]),
+        # Not once the move is done: the source is then read from the new place.
+        moved_path=None
+        if source.path == manifest.get("moved_path")
+        else manifest.get("moved_path"),
     )
     vendored = render_vendored(source.text, manifest["symbol"], provenance)
     print(f"reads from the target module: {', '.join(vendored.reads) or 'nothing'}")

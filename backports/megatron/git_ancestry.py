@@ -1,4 +1,4 @@
-"""Does a Megatron-LM source checkout already contain an upstream commit?"""
+"""Does a source checkout of the target's distribution already contain an upstream commit?"""
 
 from pathlib import Path
 from typing import Any
@@ -13,23 +13,26 @@ def _git_root(start: Path) -> Path | None:
     return None
 
 
-def commit_ancestry(package_dir: Path | None, commits: dict[str, str]) -> dict[str, Any]:
+def commit_ancestry(
+    package_dir: Path | None, commits: dict[str, str], *, distribution: str, package: str | None
+) -> dict[str, Any]:
     """Evidence on whether ``HEAD`` of the checkout holding ``package_dir`` contains ``commits``.
 
     ``commits`` maps a role ("merge", "head") to a SHA. The checkout counts only if it *is*
-    Megatron-LM (``<root>/megatron/core`` is the package): a venv inside a user's git
-    project says nothing about megatron's history. Each SHA gets True, False or None
-    (unknown to this clone, e.g. a shallow one).
+    the distribution's source tree (``<root>/<package as a path>`` is ``package_dir``, e.g.
+    ``<root>/megatron/core``): a venv inside a user's git project says nothing about the
+    distribution's history. Each SHA gets True, False or None (unknown to this clone, e.g. a
+    shallow one).
     """
-    if package_dir is None:
-        return {"checkout": False, "note": "megatron-core not found on sys.path"}
+    if package_dir is None or package is None:
+        return {"checkout": False, "note": f"{distribution} not found on sys.path"}
     root = _git_root(package_dir)
     if root is None:
-        return {"checkout": False, "note": "megatron-core is not inside a git work tree"}
-    if (root / "megatron" / "core").resolve() != package_dir.resolve():
+        return {"checkout": False, "note": f"{distribution} is not inside a git work tree"}
+    if root.joinpath(*package.split(".")).resolve() != package_dir.resolve():
         return {
             "checkout": False,
-            "note": f"megatron-core sits inside an unrelated git work tree ({root})",
+            "note": f"{distribution} sits inside an unrelated git work tree ({root})",
         }
     try:
         import git

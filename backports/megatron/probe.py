@@ -66,13 +66,19 @@ def probe_without_import(spec: BackportSpec) -> ProbeResult:
         "expected_files_sha256": integrity.files_expected or None,
         "ok": integrity.ok,
     }
-    installed = installed_version(spec.target.distribution)
+    installed = installed_version(spec.target.distribution, spec.target.modules)
     evidence["distribution"] = {"name": spec.target.distribution, **installed.to_dict()}
+    others = _other_distributions(spec)
+    if others:
+        evidence["distributions"] = others
     drift = _drift(integrity)
     if drift is not None:
         return ProbeResult(Verdict.INCOMPATIBLE, drift, evidence)
     if installed.version is None:
         return ProbeResult(Verdict.ABSENT, f"{spec.target.distribution} is not installed", evidence)
+    missing = [name for name, info in others.items() if info["version"] is None]
+    if missing:
+        return ProbeResult(Verdict.ABSENT, f"{', '.join(missing)} is not installed", evidence)
     if installed.version < spec.target_since:
         return ProbeResult(
             Verdict.ABSENT,
@@ -81,6 +87,18 @@ def probe_without_import(spec: BackportSpec) -> ProbeResult:
             evidence,
         )
     return ProbeResult(Verdict.NEEDED, "target not probed yet", evidence, final=False)
+
+
+def _other_distributions(spec: BackportSpec) -> dict[str, dict[str, str | None]]:
+    """Version evidence of each distribution a later target lives in, beside the first's.
+    ``target_since`` dates the first target's distribution; the others must be installed."""
+    first = spec.target.distribution
+    others: dict[str, dict[str, str | None]] = {}
+    for target in spec.targets[1:]:
+        if target.distribution != first and target.distribution not in others:
+            info = installed_version(target.distribution, target.modules)
+            others[target.distribution] = info.to_dict()
+    return others
 
 
 def _drift(integrity: Integrity) -> str | None:
@@ -206,7 +224,13 @@ def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
     package_dir = evidence["distribution"]["package_dir"]
     evidence["git"] = commit_ancestry(
         None if package_dir is None else Path(package_dir),
-        {"merge": upstream["merge_sha"], "head": upstream["head_sha"]},
+        {
+            role: sha
+            for role, sha in (("merge", upstream["merge_sha"]), ("head", upstream["head_sha"]))
+            if sha  # an open pull request has no merge commit; a handwritten one may lack a head
+        },
+        distribution=spec.target.distribution,
+        package=evidence["distribution"]["package"],
     )
     sniff = spec.sniff(targets)  # never writes the live modules or classes
     evidence["behaviour"] = {"fixed": sniff.fixed, **sniff.detail}

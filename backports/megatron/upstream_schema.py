@@ -3,13 +3,19 @@
 A hand-edited or half-written manifest must give one clear reason (``pr must be an integer``),
 not a ``TypeError`` deep in the probe, nor a string of names checked one character at a time,
 nor an empty file blamed on an edited vendored file.
+
+``symbol`` names what the vendored file replaces: one name (``"fn"`` or ``"Class.method"``),
+or, for an entry with several targets, a list of such names in the catalog's target order
+(the first is the one a sync reads upstream). ``head_sha`` may be left out only by a
+handwritten folder of an open pull request (no ``merge_sha``) whose head is not known; its
+``origin_note`` says so, and git ancestry then has no commit to look for.
 """
 
 import re
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["manifest_problems"]
+__all__ = ["manifest_problems", "symbols"]
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _SHA = re.compile(r"[0-9a-f]{4,40}")
@@ -44,6 +50,16 @@ def _file_name(value: Any) -> str | None:
     return None if ok else "a .py file name in the folder (no path)"
 
 
+def _symbol(value: Any) -> str | None:
+    one = isinstance(value, str) and all(part.isidentifier() for part in value.split("."))
+    several = (
+        isinstance(value, list)
+        and bool(value)
+        and all(_symbol(v) is None and isinstance(v, str) for v in value)
+    )
+    return None if one or several else 'a name ("fn" or "Class.method") or a list of names'
+
+
 def _names(value: Any) -> str | None:
     ok = isinstance(value, list) and all(isinstance(v, str) and v.isidentifier() for v in value)
     return None if ok else "a list of Python names"
@@ -60,15 +76,15 @@ REQUIRED: dict[str, Callable[[Any], str | None]] = {
     "id": _text,
     "repo": _text,
     "pr": _positive_int,
-    "head_sha": _COMMIT,
     "path": _text,
-    "symbol": _text,
+    "symbol": _symbol,
     "file": _file_name,
     "sha256": _HEX,
     "files_sha256": _HEX,
     "origin": _origin,
 }
 OPTIONAL: dict[str, Callable[[Any], str | None]] = {
+    "head_sha": _COMMIT,  # required, except in a handwritten folder (see the module doc)
     "merge_sha": _COMMIT,  # absent while the pull request is open
     "moved_path": _text,
     "origin_note": _text,
@@ -89,9 +105,21 @@ def manifest_problems(data: dict[str, Any]) -> list[str]:
     if not data:
         return ["it is empty"]
     problems = [f"{key} is missing" for key in REQUIRED if key not in data]
+    open_and_handwritten = data.get("origin") == "handwritten" and "merge_sha" not in data
+    if "head_sha" not in data and not open_and_handwritten:
+        problems.append(
+            "head_sha is missing (only a handwritten folder of an open pull request may "
+            "leave it out)"
+        )
     for key, check in (*REQUIRED.items(), *OPTIONAL.items()):
         if key in data:
             wanted = check(data[key])
             if wanted is not None:
                 problems.append(f"{key} must be {wanted}, not {data[key]!r}")
     return problems
+
+
+def symbols(data: dict[str, Any]) -> list[str]:
+    """``symbol`` of a valid manifest as a list (one name, or several in target order)."""
+    value = data["symbol"]
+    return [value] if isinstance(value, str) else [str(v) for v in value]

@@ -1,8 +1,13 @@
-"""The installed distribution's version and location, found without importing it."""
+"""The installed distribution's version and location, found without importing it.
+
+Nothing here knows a distribution by name: the catalog's ``Target.distribution`` says which
+one, and the target's modules say which of its packages is the one imported.
+"""
 
 import ast
 import importlib.metadata
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +26,8 @@ class InstalledVersion:
     # The installed distribution's own version when the code that is (or would be)
     # imported is another tree, e.g. a source checkout first on PYTHONPATH; else None.
     distribution_version: Version | None = None
+    # The distribution's package that holds the targets (e.g. "megatron.core"), if found.
+    package: str | None = None
 
     def to_dict(self) -> dict[str, str | None]:
         return {
@@ -30,6 +37,7 @@ class InstalledVersion:
             "distribution_version": (
                 None if self.distribution_version is None else str(self.distribution_version)
             ),
+            "package": self.package,
         }
 
 
@@ -45,16 +53,46 @@ def describe(distribution: str, info: dict[str, str | None]) -> str:
     return text
 
 
-def _megatron_core_dir() -> Path | None:
-    """Where ``megatron.core`` is or would be imported from, without importing it."""
-    loaded = sys.modules.get("megatron.core")
+def _package_dir(package: str) -> Path | None:
+    """Where ``package`` is or would be imported from, without importing it."""
+    loaded = sys.modules.get(package)
     if loaded is not None and getattr(loaded, "__file__", None):
         return Path(str(loaded.__file__)).resolve().parent
+    relative = Path(*package.split("."))
     for entry in sys.path:
-        candidate = Path(entry or ".") / "megatron" / "core" / "__init__.py"
+        candidate = Path(entry or ".") / relative / "__init__.py"
         if candidate.is_file():
             return candidate.resolve().parent
     return None
+
+
+def _own_packages(distribution: str) -> list[str]:
+    """The distribution's regular packages (folders with ``__init__.py``), shallowest first."""
+    try:
+        files = importlib.metadata.distribution(distribution).files or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    found = {".".join(f.parts[:-1]) for f in files if f.name == "__init__.py" and len(f.parts) > 1}
+    return sorted(found, key=lambda name: (name.count("."), name))
+
+
+def _is_package_on_path(package: str) -> bool:
+    relative = Path(*package.split(".")) / "__init__.py"
+    return any((Path(entry or ".") / relative).is_file() for entry in sys.path)
+
+
+def _target_package(distribution: str, modules: Sequence[str]) -> str | None:
+    """The outermost regular package that holds a target module: one of the distribution's
+    own when it is installed, else one on ``sys.path`` (a source tree). Without modules,
+    the distribution's shallowest package."""
+    own = _own_packages(distribution)
+    for module in modules:
+        parts = module.split(".")
+        for end in range(1, len(parts) + 1):
+            prefix = ".".join(parts[:end])
+            if prefix in own if own else _is_package_on_path(prefix):
+                return prefix
+    return own[0] if own and not modules else None
 
 
 def _version_from_package_info(package_dir: Path) -> Version | None:
@@ -80,35 +118,40 @@ def _version_from_package_info(package_dir: Path) -> Version | None:
         return None
 
 
-def _distribution_package_dir(distribution: str) -> Path | None:
-    """Where the distribution's own ``megatron/core`` files are (None for an editable
-    install or one that lists no files)."""
+def _distribution_package_dir(distribution: str, package: str) -> Path | None:
+    """Where the distribution's own ``package`` files are (None for an editable install or
+    one that lists no files)."""
     try:
         files = importlib.metadata.distribution(distribution).files or []
     except importlib.metadata.PackageNotFoundError:
         return None
+    init = "/".join([*package.split("."), "__init__.py"])
     for file in files:
-        if file.as_posix() == "megatron/core/__init__.py":
+        if file.as_posix() == init:
             return Path(str(file.locate())).resolve().parent
     return None
 
 
-def installed_version(distribution: str) -> InstalledVersion:
+def installed_version(distribution: str, modules: Sequence[str] = ()) -> InstalledVersion:
     """The version of the code that is (or would be) imported, with the distribution's own
     when they differ: metadata describes what pip installed, not what ``sys.path`` finds
-    first."""
-    package_dir = _megatron_core_dir()
+    first. ``modules`` are the target's candidate modules: they name the package to look
+    for (default: the distribution's shallowest package)."""
+    package = _target_package(distribution, modules)
+    package_dir = None if package is None else _package_dir(package)
     try:
         metadata: Version | None = Version(importlib.metadata.version(distribution))
     except (importlib.metadata.PackageNotFoundError, InvalidVersion):
         metadata = None
-    own_dir = _distribution_package_dir(distribution) if metadata is not None else None
+    own_dir = None
+    if metadata is not None and package is not None:
+        own_dir = _distribution_package_dir(distribution, package)
     if metadata is not None and (package_dir is None or own_dir in (None, package_dir)):
-        return InstalledVersion(metadata, "metadata", package_dir)
+        return InstalledVersion(metadata, "metadata", package_dir, package=package)
     if package_dir is not None:
         version = _version_from_package_info(package_dir)
         if version is not None:
-            return InstalledVersion(version, "package_info", package_dir, metadata)
+            return InstalledVersion(version, "package_info", package_dir, metadata, package)
     if metadata is not None:
-        return InstalledVersion(metadata, "metadata", package_dir)
-    return InstalledVersion(None, "missing", package_dir)
+        return InstalledVersion(metadata, "metadata", package_dir, package=package)
+    return InstalledVersion(None, "missing", package_dir, package=package)

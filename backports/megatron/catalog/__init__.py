@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import BackportError
+from .megatron_lm_7091 import SPEC as MEGATRON_LM_7091
 from .megatron_lm_7617 import SPEC as MEGATRON_LM_7617
 from .spec import BackportSpec, SniffResult, Target, VendoredRef
 
@@ -29,7 +30,7 @@ __all__ = [
     "withheld",
 ]
 
-CATALOG: tuple[BackportSpec, ...] = (MEGATRON_LM_7617,)
+CATALOG: tuple[BackportSpec, ...] = (MEGATRON_LM_7617, MEGATRON_LM_7091)
 
 # (the builtins it was built from, the catalog): a test that swaps CATALOG sees its own.
 _loaded: "tuple[tuple[BackportSpec, ...], Loaded] | None" = None
