@@ -90,6 +90,9 @@ def make_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mak
         del sys.modules[name]
 
 
+BUILTINS = [spec.id for spec in catalog.CATALOG]
+
+
 def ids() -> list[str]:
     return [spec.id for spec in catalog.entries()]
 
@@ -100,7 +103,7 @@ def withheld() -> dict[str, Withheld]:
 
 def test_an_entry_point_naming_one_entry_joins_the_catalog(make_plugin: MakePlugin) -> None:
     make_plugin("acme-one", {"acme-1": "VALUE = clone('acme-1')"}, version="2.3")
-    assert ids() == [BACKPORT_ID, "acme-1"]
+    assert ids() == [*BUILTINS, "acme-1"]
     assert catalog.source("acme-1") == "acme-one 2.3"
     assert catalog.source(BACKPORT_ID) == "builtin"
     assert catalog.by_id("acme-1").vendored == MEGATRON_LM_7617.vendored
@@ -109,7 +112,7 @@ def test_an_entry_point_naming_one_entry_joins_the_catalog(make_plugin: MakePlug
 
 def test_an_entry_point_naming_an_iterable_adds_each(make_plugin: MakePlugin) -> None:
     make_plugin("acme-two", {"acme": "VALUE = (clone(i) for i in ('acme-a', 'acme-b'))"})
-    assert ids() == [BACKPORT_ID, "acme-a", "acme-b"]
+    assert ids() == [*BUILTINS, "acme-a", "acme-b"]
     assert catalog.select(["acme-b"]) == [catalog.by_id("acme-b")]
 
 
@@ -140,7 +143,7 @@ def test_a_plugin_that_fails_to_import_is_one_incompatible_record(
 ) -> None:
     make_plugin("acme-broken", {"acme-broken": "raise RuntimeError('no GPU here')"})
     make_plugin("acme-fine", {"acme-fine": "VALUE = clone('acme-fine')"})
-    assert ids() == [BACKPORT_ID, "acme-fine"]  # the other plugin still loads
+    assert ids() == [*BUILTINS, "acme-fine"]  # the other plugin still loads
     (record,) = withheld().values()
     assert (record.id, record.verdict, record.source) == (
         "acme-broken",
@@ -170,7 +173,7 @@ def test_a_plugin_naming_what_is_not_an_entry_contributes_nothing(
     make_plugin: MakePlugin, body: str, says: str
 ) -> None:
     make_plugin("acme-odd", {"acme-odd": body})
-    assert ids() == [BACKPORT_ID]  # not even the good item of a bad iterable
+    assert ids() == BUILTINS  # not even the good item of a bad iterable
     record = withheld()["acme-odd"]
     assert record.verdict is Verdict.INCOMPATIBLE
     assert "acme-odd 1.0" in record.reason and says in record.reason
@@ -178,7 +181,8 @@ def test_a_plugin_naming_what_is_not_an_entry_contributes_nothing(
 
 def test_a_plugin_claiming_a_builtin_id_is_withheld_with_it(make_plugin: MakePlugin) -> None:
     make_plugin("acme-dup", {"acme": f"VALUE = [clone('{BACKPORT_ID}'), clone('acme-sib')]"})
-    assert ids() == []  # neither copy of the id, nor the plugin's other entry
+    # Neither copy of the id, nor the plugin's other entry.
+    assert ids() == [i for i in BUILTINS if i != BACKPORT_ID]
     records = withheld()
     assert set(records) == {BACKPORT_ID, "acme-sib"}
     dup = records[BACKPORT_ID]
@@ -190,7 +194,7 @@ def test_a_plugin_claiming_a_builtin_id_is_withheld_with_it(make_plugin: MakePlu
 def test_two_plugins_claiming_one_id(make_plugin: MakePlugin) -> None:
     make_plugin("acme-a", {"x": "VALUE = clone('acme-same')"})
     make_plugin("acme-b", {"y": "VALUE = clone('acme-same')"})
-    assert ids() == [BACKPORT_ID]
+    assert ids() == BUILTINS
     (record,) = withheld().values()
     assert record.id == "acme-same"
     assert "acme-a 1.0" in record.reason and "acme-b 1.0" in record.reason
@@ -202,7 +206,7 @@ def test_a_skipped_distribution_is_never_imported(
     package = make_plugin("Acme-Broken", {"acme-broken": "raise SystemExit('imported!')"})
     monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP_PLUGINS", " other, acme_broken ")
     catalog.reload()
-    assert ids() == [BACKPORT_ID]
+    assert ids() == BUILTINS
     record = withheld()["acme-broken"]
     assert (record.verdict, record.source) == (Verdict.DISABLED, "Acme-Broken 1.0")
     assert "MEGATRON_BACKPORTS_SKIP_PLUGINS" in record.reason
@@ -211,7 +215,7 @@ def test_a_skipped_distribution_is_never_imported(
 
 def test_a_failed_plugins_id_never_hides_a_loaded_entry(make_plugin: MakePlugin) -> None:
     make_plugin("acme-broken", {BACKPORT_ID: "raise ImportError('gone')"})
-    assert ids() == [BACKPORT_ID]
+    assert ids() == BUILTINS
     assert set(withheld()) == {f"acme-broken:{BACKPORT_ID}"}
 
 
@@ -224,7 +228,7 @@ def test_status_json_names_each_source(
     assert cli.main(["status", "--json"]) == 0
     reports = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
     assert {i: (r["verdict"], r["source"]) for i, r in reports.items()} == {
-        BACKPORT_ID: ("needed", "builtin"),
+        **{i: ("needed", "builtin") for i in BUILTINS},
         "acme-1": ("needed", "acme-one 2.3"),
         "acme-broken": ("incompatible", "acme-broken 1.0"),
     }
