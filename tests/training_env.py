@@ -23,7 +23,14 @@ TILELANG_DSA = "megatron.core.transformer.experimental_attention_variant.ops.til
 HOOK_FILE = "megatron_backports_startup.pth"
 
 # Variables that would change what the child does behind the test's back.
-_SCRUBBED = ("PYTHONPATH", "MEGATRON_BACKPORTS", "MEGATRON_BACKPORTS_SKIP", "RANK", "LOCAL_RANK")
+_SCRUBBED = (
+    "PYTHONPATH",
+    "MEGATRON_BACKPORTS",
+    "MEGATRON_BACKPORTS_SKIP",
+    "MEGATRON_BACKPORTS_SKIP_PLUGINS",
+    "RANK",
+    "LOCAL_RANK",
+)
 
 
 def _copy_source(into: Path) -> Path:
@@ -95,10 +102,11 @@ def create(root: Path, *, install: bool = True) -> TrainingEnv:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     python = root / "bin" / "python"
     site_packages = _purelib(python)
-    # Every site-packages folder on sys.path too: a worktree's light venv sees the main
-    # venv's packages (setuptools, torch) only through a .pth file, not processed from here.
+    # This environment's site-packages, and those its own .pth path lines add (a light
+    # venv layered over another one): path lines only, so their .pth files stay out.
     here = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    base = dict.fromkeys([*here, *(p for p in sys.path if p.endswith("site-packages"))])
+    layered = [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)]
+    base = dict.fromkeys([*here, *layered])
     (site_packages / "_base_environment.pth").write_text("\n".join(base) + "\n")
     env = TrainingEnv(root, python, site_packages)
     if install:

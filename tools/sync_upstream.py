@@ -6,6 +6,8 @@
     python tools/sync_upstream.py --backport megatron-lm-7617 --sha SHA --repo ../Megatron-LM
     python tools/sync_upstream.py --backport megatron-lm-7617 --rehash  # handwritten folder
     python tools/sync_upstream.py --check
+    python tools/sync_upstream.py --vendor-dir ../acme-backport/acme_backport/vendor \
+        --backport acme-7617 --pr 7617    # a plugin's folder, from the repo its manifest names
 
 A sync keeps a bare clone of the upstream repository under the user's cache directory
 (``$XDG_CACHE_HOME/megatron-backports/upstream/``), fetches ``refs/pull/N/head`` (with
@@ -22,6 +24,11 @@ whatever function is vendored, so a sync keeps them; it names each one it kept.
 ``sha256`` and every ``.py`` of its folder with ``files_sha256`` in ``UPSTREAM.toml``.
 ``--rehash`` records both for a handwritten folder. Git runs through gitpython, never a
 shell.
+
+``--vendor-dir`` points the tool at another folder of vendored backports: a plugin
+distribution's (``backports new`` lays one out as ``<package>/vendor/<id>/``). Everything
+above holds there too: the repo and path come from that folder's ``UPSTREAM.toml``, the
+staging and the swap happen beside it, and ``--check`` compares its hashes.
 
 Exit status: 0 done (or nothing to do), 1 ``--check`` found drift, 2 an error or an
 interruption, reported in one line on stderr (the vendored files are then the old ones,
@@ -182,13 +189,14 @@ def files_digest(folder: Path) -> str:
     return digest
 
 
-def local_changes(backport_id: str) -> list[tuple[str, str]]:
-    """(name, reason) of each local change the catalog entry wraps its vendored code with."""
+def local_changes(backport_id: str) -> list[tuple[str, str]] | None:
+    """(name, reason) of each local change the catalog entry wraps its vendored code with;
+    None when this environment's catalog has no such entry (a plugin not installed here)."""
     catalog = _package_import("catalog")
     try:
         spec = catalog.by_id(backport_id)
     except KeyError:
-        return []  # an entry of another distribution: its own package declares them
+        return None
     return [(change.name, change.reason) for change in spec.local_changes]
 
 
@@ -567,7 +575,7 @@ def _sha256(data: bytes) -> str:
 
 
 def _module_name(path: str) -> str:
-    return path.removesuffix(".py").replace("/", ".")
+    return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
 
 
 def _new_manifest(
@@ -746,9 +754,14 @@ def _write_pair(
 def _say_kept_local_changes(backport_id: str) -> None:
     """The local changes live outside vendor/ and wrap whatever function is vendored."""
     changes = local_changes(backport_id)
-    if not changes:
+    if changes is None:
+        print(
+            f"{backport_id}: not in this environment's catalog (a plugin not installed "
+            "here?): its local changes, if any, live in its own package and are kept"
+        )
+    elif not changes:
         print(f"{backport_id}: the catalog declares no local changes")
-    for name, reason in changes:
+    for name, reason in changes or []:
         print(f"kept local change {name}: {reason}")
 
 
@@ -810,7 +823,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sync_upstream.py",
         description=(
-            "Refresh vendor/<backport>/ from an upstream commit (--backport with --sha, "
+            "Refresh vendor/<backport>/ (or a plugin's, --vendor-dir) from an upstream "
+            "commit (--backport with --sha, "
             "--pr or both), record the hashes of a handwritten folder (--rehash), or check "
             "for drift (--check)."
         ),
@@ -833,7 +847,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--check", action="store_true", help="verify sha256 and files_sha256 only, no network"
     )
-    parser.add_argument("--vendor-dir", type=Path, default=VENDOR, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--vendor-dir",
+        type=Path,
+        default=VENDOR,
+        metavar="DIR",
+        help="the folder holding the <id>/ folders (default: this repository's vendor/; "
+        "a plugin's: <package>/vendor)",
+    )
     return parser
 
 

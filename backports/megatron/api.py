@@ -7,10 +7,11 @@ import logging
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from types import ModuleType
 
 from . import patcher, post_import, switches
-from .catalog import BackportSpec, select
+from .catalog import BackportSpec, select, select_withheld, source
 from .errors import BackportError, BackportWarning
 from .local_changes import wrap_all
 from .probe import ProbeResult, probe, probe_without_import
@@ -46,7 +47,7 @@ def disabled_reason(spec: BackportSpec) -> str | None:
     return switches.disabled_reason(spec.id)
 
 
-def _announce(report: Report) -> None:
+def _announce(report: Report, stacklevel: int = 5) -> None:
     """One BackportWarning per backport and verdict per process, from rank 0 only."""
     if report.action is Action.INSTALLED:
         _LOG.info("installed %s: %s", report.id, report.reason)
@@ -59,7 +60,7 @@ def _announce(report: Report) -> None:
     _warned.add(key)
     message = f"megatron-backports: {report.id} not applied ({report.verdict}): {report.reason}"
     if is_rank_zero():
-        warnings.warn(message, BackportWarning, stacklevel=5)  # the caller of apply()
+        warnings.warn(message, BackportWarning, stacklevel=stacklevel)  # apply()'s caller
     else:
         _LOG.debug("%s", message)
 
@@ -201,6 +202,26 @@ def _apply_one(spec: BackportSpec, strict: bool, upstream_only: bool) -> Report:
     return report
 
 
+def _selection(only: str | Iterable[str] | None) -> tuple[str, ...] | None:
+    """``only`` read once (it may be a generator), as ids; None: every backport."""
+    if only is None:
+        return None
+    return (only,) if isinstance(only, str) else tuple(only)
+
+
+def _withheld(only: tuple[str, ...] | None, action: Action) -> list[Report]:
+    """One report per plugin (or id) the catalog withheld: it never reaches the probe."""
+    return [
+        Report(w.id, w.verdict, action, w.reason, {"plugin": {"source": w.source}}, w.source)
+        for w in select_withheld(only)
+    ]
+
+
+def _sourced(reports: list[Report]) -> list[Report]:
+    """Each report saying where its entry comes from (builtin, or a plugin distribution)."""
+    return [replace(report, source=source(report.id)) for report in reports]
+
+
 def apply(
     only: str | Iterable[str] | None = None,
     *,
@@ -214,8 +235,13 @@ def apply(
     than the installed one swaps the replacement.
     """
     upstream_only = upstream_only_requested(upstream_only)
+    ids = _selection(only)
     with patcher.lock():
-        reports = [_apply_one(spec, strict, upstream_only) for spec in select(only)]
+        reports = [_apply_one(spec, strict, upstream_only) for spec in select(ids)]
+    withheld = _withheld(ids, Action.SKIPPED)
+    for report in withheld:
+        _announce(report, stacklevel=3)
+    reports = _sourced(reports) + withheld
     if strict:
         bad = [r for r in reports if r.verdict is Verdict.INCOMPATIBLE]
         if bad:
@@ -225,8 +251,9 @@ def apply(
 
 def status(only: str | Iterable[str] | None = None) -> list[Report]:
     """Probe each backport and say what ``apply`` would do; changes nothing."""
+    ids = _selection(only)
     reports = []
-    for spec in select(only):
+    for spec in select(ids):
         reason = disabled_reason(spec)
         if reason is not None:
             reports.append(Report(spec.id, Verdict.DISABLED, Action.WOULD_SKIP, reason))
@@ -243,14 +270,15 @@ def status(only: str | Iterable[str] | None = None) -> list[Report]:
         evidence = {**result.evidence, **mode_evidence(spec, upstream_only)}
         reason = result.reason + (" [upstream only: no local changes]" if upstream_only else "")
         reports.append(Report(spec.id, result.verdict, action, reason, evidence))
-    return reports
+    return _sourced(reports) + _withheld(ids, Action.WOULD_SKIP)
 
 
 def revert(only: str | Iterable[str] | None = None) -> list[Report]:
     """Uninstall backports and drop their pending import hooks (idempotent)."""
+    ids = _selection(only)
     reports = []
     with patcher.lock():
-        for spec in select(only):
+        for spec in select(ids):
             pending = is_deferred(spec)
             post_import.unregister(_hook_key(spec))
             removed = patcher.uninstall(spec.id)
@@ -270,7 +298,7 @@ def revert(only: str | Iterable[str] | None = None) -> list[Report]:
             else:
                 report = Report(spec.id, verdict, Action.NOT_INSTALLED, "nothing to revert")
             reports.append(report)
-    return reports
+    return _sourced(reports) + _withheld(ids, Action.NOT_INSTALLED)
 
 
 # Open ``applied()`` blocks per backport id that this module installed for them: the last

@@ -131,7 +131,14 @@ def audit(
             f"megatron/core ({found})"
         )
     return [
-        Report(d["id"], Verdict(d["verdict"]), Action(d["action"]), d["reason"], d["evidence"])
+        Report(
+            d["id"],
+            Verdict(d["verdict"]),
+            Action(d["action"]),
+            d["reason"],
+            d["evidence"],
+            d.get("source", "builtin"),
+        )
         for d in result["reports"]
     ]
 

@@ -34,11 +34,11 @@ class Judgement:
         return {"ok": self.ok, "why": self.why}
 
 
-def _absent(spec: BackportSpec, probed: Report) -> Judgement:
+def _absent(spec: BackportSpec | None, probed: Report) -> Judgement:
     distribution = probed.evidence.get("distribution") or {}
-    name = distribution.get("name") or spec.target.distribution
+    name = distribution.get("name") or (spec.target.distribution if spec else "the target")
     version = distribution.get("version")
-    if version is None:
+    if version is None or spec is None:
         return Judgement(False, f"{name} is not installed: nothing was checked")
     try:
         predates = Version(str(version)) < spec.target_since
@@ -49,8 +49,12 @@ def _absent(spec: BackportSpec, probed: Report) -> Judgement:
     return Judgement(False, "the target is missing where it should exist: the patch does nothing")
 
 
-def judge(spec: BackportSpec, probed: Report, applied: Report | None) -> Judgement:
-    """Pass or fail for one backport: ``probed`` from ``status``, ``applied`` from ``apply``."""
+def judge(spec: BackportSpec | None, probed: Report, applied: Report | None) -> Judgement:
+    """Pass or fail for one backport: ``probed`` from ``status``, ``applied`` from ``apply``.
+
+    ``spec`` is None for a plugin the catalog withheld (its report is incompatible, or
+    disabled by ``MEGATRON_BACKPORTS_SKIP_PLUGINS``).
+    """
     verdict = probed.verdict
     if verdict is Verdict.INCOMPATIBLE:
         return Judgement(False, f"does not fit, update or delete it: {probed.reason}")

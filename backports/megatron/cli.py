@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from . import activation, import_notices, switches
 from .api import applied, apply, revert, status
 from .audit import audit, candidate_dir, outcome
-from .catalog import CATALOG, by_id, select
+from .catalog import entries, select, source
 from .check import Judgement, judge
 from .errors import BackportError, BackportWarning
 from .report import Action, Report, Verdict
@@ -58,7 +58,8 @@ _VERDICT: Column = ("verdict", lambda r: str(r.verdict))
 _ACTION: Column = ("action", lambda r: str(r.action))
 _OUTCOME: Column = ("outcome", outcome)
 _REASON: Column = ("reason", lambda r: r.reason)
-_STATUS_COLUMNS = (_ID, _UPSTREAM, _CORE, _VERDICT, _ACTION, _REASON)
+_SOURCE: Column = ("source", lambda r: r.source)
+_STATUS_COLUMNS = (_ID, _UPSTREAM, _CORE, _VERDICT, _ACTION, _SOURCE, _REASON)
 _AUDIT_COLUMNS = (_ID, _UPSTREAM, ("candidate", _core_version), _VERDICT, _OUTCOME, _REASON)
 
 
@@ -314,7 +315,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     with applied(only) as done:  # and reverts on exit: check changes nothing
         installed = {r.id: r for r in done}
     args.warning_notes.clear()  # apply's warnings repeat what the "why" column says
-    verdicts = {r.id: judge(by_id(r.id), r, installed.get(r.id)) for r in probed}
+    specs = {spec.id: spec for spec in entries()}  # a withheld plugin has none
+    verdicts = {r.id: judge(specs.get(r.id), r, installed.get(r.id)) for r in probed}
 
     def check_cell(report: Report) -> str:
         return "ok" if verdicts[report.id].ok else "FAIL"
@@ -331,6 +333,28 @@ def _cmd_check(args: argparse.Namespace) -> int:
     columns = (_ID, _VERDICT, ("check", check_cell), ("why", why_cell))
     _emit(args, probed, [summary], columns, json_extra=(("check", _check_json(verdicts)),))
     return _CHECK_FAILED if failed else _OK
+
+
+def _cmd_new(args: argparse.Namespace) -> int:
+    from . import scaffold  # reads the installed target: only this command needs it
+
+    target = scaffold.read_target(args.target)
+    plan = scaffold.Scaffold(
+        args.id, args.pr, args.repo, Path(args.dest), target, args.sha, args.package
+    )
+    written = scaffold.create(plan)
+    print(f"wrote {plan.distribution} in {plan.dest}:")
+    for path in written:
+        print(f"  {path.relative_to(plan.dest)}")
+    print(
+        f"target {target.module}.{target.attribute}{target.signature_text} from "
+        f"{target.distribution} {target.version}"
+        + (f", compiled with {target.decorator}" if target.decorator else "")
+    )
+    if target.holders:
+        print(f"held by name in: {', '.join(target.holders)}")
+    print(f"next: write the sniff and the replacement (see {plan.dest / 'README.md'})")
+    return _OK
 
 
 def _check_json(verdicts: dict[str, Judgement]) -> Callable[[Report], Any]:
@@ -352,13 +376,19 @@ def _two_columns(rows: Sequence[tuple[str, str]]) -> str:
     return "\n".join(f"  {left.ljust(width)}  {right}" for left, right in rows)
 
 
+def _titled(backport_id: str, title: str) -> str:
+    where = source(backport_id)
+    return title if where == "builtin" else f"{title} [{where}]"
+
+
 def _epilog() -> str:
-    backports = _two_columns([(spec.id, spec.title) for spec in CATALOG])
+    backports = _two_columns([(spec.id, _titled(spec.id, spec.title)) for spec in entries()])
     environment = _two_columns(
         [
             (f"{switches.ENABLE}=0", "every backport off (also: false, off, no)"),
             (f"{switches.SKIP}=ID,...", "these backports off"),
             (f"{switches.UPSTREAM_ONLY}=1", "upstream's code alone (also: true, on, yes)"),
+            (f"{switches.SKIP_PLUGINS}=DIST,...", "these plugin distributions not loaded"),
         ]
     )
     return (
@@ -429,7 +459,38 @@ def _parser() -> argparse.ArgumentParser:
         _cmd_check,
     )
     only(sub)
+    _new_parser(commands)
     return parser
+
+
+_NEW_EXAMPLE = """\
+example:
+  backports new --id megatron-lm-9999 --pr 9999 \\
+      --repo https://github.com/NVIDIA/Megatron-LM.git \\
+      --target megatron.core.utils:divide --dest ./megatron-lm-9999-backport
+  cd megatron-lm-9999-backport && pip install -e . && python -m pytest   # fails until written
+
+--target is MODULE:function or MODULE:Class.method of the installed distribution; DIR
+must not exist. See docs/adding-a-backport.md."""
+
+
+def _new_parser(commands: Any) -> None:
+    help_text = "scaffold a plugin distribution that carries one upstream fix"
+    sub = commands.add_parser(
+        "new",
+        help=help_text,
+        description=help_text,
+        epilog=_NEW_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub.set_defaults(run=_cmd_new, json=False)
+    sub.add_argument("--id", required=True, help="backport id, e.g. megatron-lm-9999")
+    sub.add_argument("--pr", required=True, type=int, help="upstream pull-request number")
+    sub.add_argument("--repo", required=True, metavar="URL", help="upstream repository")
+    sub.add_argument("--target", required=True, metavar="MODULE:QUALNAME", help="what to patch")
+    sub.add_argument("--dest", required=True, metavar="DIR", help="where to write (new folder)")
+    sub.add_argument("--sha", help="the pull request's head commit (else set it later)")
+    sub.add_argument("--package", help="import name (default: <id>_backport)")
 
 
 # ---- main ----------------------------------------------------------------------------------

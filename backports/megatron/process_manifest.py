@@ -4,7 +4,7 @@ import importlib.metadata
 from typing import Any
 
 from . import api
-from .catalog import CATALOG, BackportSpec
+from .catalog import BackportSpec, entries, source, withheld
 from .patcher import installed
 from .probe import ProbeResult, probe, probe_without_import
 from .report import Verdict
@@ -49,6 +49,15 @@ def _entry(spec: BackportSpec) -> dict[str, Any]:
         "action": action,
         "upstream": {key: upstream.get(key) for key in ("repo", "pr", "head_sha", "merge_sha")},
         "vendored_sha256": early.evidence.get("vendored", {}).get("sha256"),
+        "source": source(spec.id),
+    }
+
+
+def _withheld() -> dict[str, dict[str, Any]]:
+    """Plugins (or ids) the catalog withheld: nothing of theirs runs in this process."""
+    return {
+        w.id: {"verdict": str(w.verdict), "action": "skipped", "source": w.source}
+        for w in withheld()
     }
 
 
@@ -58,11 +67,13 @@ def manifest() -> dict[str, Any]:
     Per id: ``verdict`` (None while nothing was decided and the target is not imported),
     ``action`` ("installed"; "skipped"; "deferred": installs when megatron's target is
     imported; "not-applied": ``apply()`` was not called), the upstream PR and SHAs, and
-    the sha256 of the vendored file. Never imports megatron.
+    the sha256 of the vendored file, and ``source`` ("builtin" or the plugin distribution
+    and version). A withheld plugin has only verdict, action and source. Never imports
+    megatron.
     """
     core = installed_version("megatron-core").version
     return {
         "megatron_backports": _package_version(),
         "megatron_core": None if core is None else str(core),
-        "backports": {spec.id: _entry(spec) for spec in CATALOG},
+        "backports": {**{spec.id: _entry(spec) for spec in entries()}, **_withheld()},
     }

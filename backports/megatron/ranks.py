@@ -3,7 +3,7 @@
 import os
 from typing import Any
 
-from .catalog import CATALOG
+from .catalog import entries
 from .errors import BackportError
 from .patcher import installed
 from .vendored import check_integrity, read_upstream
@@ -28,7 +28,7 @@ def installed_backports() -> dict[str, str]:
     """Backports installed in this process: id -> sha256 of the vendored file it runs."""
     return {
         spec.id: check_integrity(spec.vendored, read_upstream(spec.vendored)).actual
-        for spec in CATALOG
+        for spec in entries()
         if installed(spec.id) is not None
     }
 

@@ -42,6 +42,8 @@ class Report:
     action: Action
     reason: str
     evidence: dict[str, Any] = field(default_factory=dict)
+    # "builtin", or "<distribution> <version>" of the plugin that registered the entry.
+    source: str = "builtin"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -50,4 +52,5 @@ class Report:
             "action": str(self.action),
             "reason": self.reason,
             "evidence": self.evidence,
+            "source": self.source,
         }

@@ -5,7 +5,9 @@
 unset or empty variable means the default. Anything else is a mistake that must not pass
 silently (``MEGATRON_BACKPORTS=disable`` would otherwise leave the backports on): one
 ``BackportWarning`` per variable and value names both and says which default holds.
-``MEGATRON_BACKPORTS_SKIP`` is a comma-separated list of backport ids.
+``MEGATRON_BACKPORTS_SKIP`` is a comma-separated list of backport ids;
+``MEGATRON_BACKPORTS_SKIP_PLUGINS`` a comma-separated list of distributions whose
+``megatron_backports`` entry points are not even imported (a plugin that breaks at import).
 
 Stdlib and ``errors`` only: the api, the CLI and ``audit`` read the switches through here.
 (The start-up trigger, ``_startup.py``, imports nothing of ours and spells ``FALSE`` out;
@@ -24,19 +26,22 @@ __all__ = [
     "FALSE",
     "NAMES",
     "SKIP",
+    "SKIP_PLUGINS",
     "TRUE",
     "UPSTREAM_ONLY",
     "disabled_reason",
     "enabled",
     "flag",
     "skipped_ids",
+    "skipped_plugins",
     "upstream_only",
 ]
 
 ENABLE = "MEGATRON_BACKPORTS"  # off: every backport is disabled
 SKIP = "MEGATRON_BACKPORTS_SKIP"  # comma-separated ids to disable
 UPSTREAM_ONLY = "MEGATRON_BACKPORTS_UPSTREAM_ONLY"  # on: vendored code, no local changes
-NAMES = (ENABLE, SKIP, UPSTREAM_ONLY)
+SKIP_PLUGINS = "MEGATRON_BACKPORTS_SKIP_PLUGINS"  # comma-separated distributions not to load
+NAMES = (ENABLE, SKIP, UPSTREAM_ONLY, SKIP_PLUGINS)
 
 TRUE = frozenset({"1", "true", "on", "yes"})
 FALSE = frozenset({"0", "false", "off", "no"})
@@ -85,10 +90,19 @@ def upstream_only(environ: Mapping[str, str] | None = None) -> bool:
     return flag(UPSTREAM_ONLY, False, environ)
 
 
+def _names(name: str, environ: Mapping[str, str] | None) -> frozenset[str]:
+    raw = (os.environ if environ is None else environ).get(name, "")
+    return frozenset(part.strip() for part in raw.split(",") if part.strip())
+
+
 def skipped_ids(environ: Mapping[str, str] | None = None) -> frozenset[str]:
     """The ids ``MEGATRON_BACKPORTS_SKIP`` names."""
-    raw = (os.environ if environ is None else environ).get(SKIP, "")
-    return frozenset(part.strip() for part in raw.split(",") if part.strip())
+    return _names(SKIP, environ)
+
+
+def skipped_plugins(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The distributions ``MEGATRON_BACKPORTS_SKIP_PLUGINS`` names (as written)."""
+    return _names(SKIP_PLUGINS, environ)
 
 
 def disabled_reason(backport_id: str, environ: Mapping[str, str] | None = None) -> str | None:

@@ -1,6 +1,11 @@
-"""Every backport this package carries, one module per upstream pull request."""
+"""Every backport: the ones this package carries (one module per upstream pull request), and
+those other distributions register under the entry-point group ``megatron_backports``.
+
+``entries()`` is the catalog every command reads; ``CATALOG`` holds the builtins alone.
+"""
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from ..errors import BackportError
 from .megatron_lm_6114 import SPEC as MEGATRON_LM_6114
@@ -9,7 +14,23 @@ from .megatron_lm_7091 import SPEC as MEGATRON_LM_7091
 from .megatron_lm_7617 import SPEC as MEGATRON_LM_7617
 from .spec import BackportSpec, SniffResult, Target, VendoredRef
 
-__all__ = ["CATALOG", "BackportSpec", "SniffResult", "Target", "VendoredRef", "by_id", "select"]
+if TYPE_CHECKING:  # plugins.py imports .spec from this package: loaded lazily below
+    from ..plugins import Loaded, Withheld
+
+__all__ = [
+    "CATALOG",
+    "BackportSpec",
+    "SniffResult",
+    "Target",
+    "VendoredRef",
+    "by_id",
+    "entries",
+    "reload",
+    "select",
+    "select_withheld",
+    "source",
+    "withheld",
+]
 
 CATALOG: tuple[BackportSpec, ...] = (
     MEGATRON_LM_7617,
@@ -18,25 +39,81 @@ CATALOG: tuple[BackportSpec, ...] = (
     MEGATRON_LM_6793,
 )
 
+# (the builtins it was built from, the catalog): a test that swaps CATALOG sees its own.
+_loaded: "tuple[tuple[BackportSpec, ...], Loaded] | None" = None
+
+
+def _load() -> "Loaded":
+    """The builtins and the plugins, loaded on first use, once per process."""
+    global _loaded
+    if _loaded is None or _loaded[0] is not CATALOG:
+        from .. import plugins
+
+        _loaded = (CATALOG, plugins.load(CATALOG))
+    return _loaded[1]
+
+
+def reload() -> None:
+    """Forget the loaded plugins: the next use reads the entry points again (tests, and a
+    process that installed or removed a plugin, or changed MEGATRON_BACKPORTS_SKIP_PLUGINS)."""
+    global _loaded
+    _loaded = None
+
+
+def entries() -> tuple[BackportSpec, ...]:
+    """Every usable catalog entry: the builtins first, then the plugins' in entry-point order."""
+    return _load().entries
+
+
+def withheld() -> "tuple[Withheld, ...]":
+    """Plugins and ids that contribute nothing (a failed import, a duplicate id, a skip)."""
+    return _load().withheld
+
+
+def source(backport_id: str) -> str:
+    """Where an entry comes from: ``"builtin"`` or ``"<distribution> <version>"``."""
+    loaded = _load()
+    if backport_id in loaded.sources:
+        return loaded.sources[backport_id]
+    return next((w.source for w in loaded.withheld if w.id == backport_id), "builtin")
+
+
+def _known() -> str:
+    return ", ".join([*(spec.id for spec in entries()), *(w.id for w in withheld())])
+
 
 def by_id(backport_id: str) -> BackportSpec:
     """The catalog entry with this id; ``KeyError`` names the known ids."""
-    for spec in CATALOG:
+    for spec in entries():
         if spec.id == backport_id:
             return spec
-    known = ", ".join(spec.id for spec in CATALOG)
-    raise KeyError(f"unknown backport {backport_id!r}; known: {known}")
+    raise KeyError(f"unknown backport {backport_id!r}; known: {_known()}")
+
+
+def _ids(only: str | Iterable[str]) -> list[str]:
+    return list(dict.fromkeys([only] if isinstance(only, str) else only))
 
 
 def select(only: str | Iterable[str] | None) -> list[BackportSpec]:
     """The entries named by ``only`` (an id or ids; None: all), each once, in the order given.
 
-    An unknown id is the caller's mistake, so it raises ``BackportError`` naming the known ids.
+    A withheld id is known but has no entry: it is left out here (``select_withheld`` has
+    it). An unknown id is the caller's mistake, so it raises ``BackportError`` naming the
+    known ids.
     """
     if only is None:
-        return list(CATALOG)
-    ids = [only] if isinstance(only, str) else list(only)
+        return list(entries())
+    held = {w.id for w in withheld()}
+    ids = [i for i in _ids(only) if i not in held]
     try:
-        return [by_id(backport_id) for backport_id in dict.fromkeys(ids)]
+        return [by_id(backport_id) for backport_id in ids]
     except KeyError as exc:
         raise BackportError(exc.args[0]) from None
+
+
+def select_withheld(only: str | Iterable[str] | None) -> "list[Withheld]":
+    """The withheld records ``only`` names (None: all)."""
+    if only is None:
+        return list(withheld())
+    wanted = set(_ids(only))
+    return [w for w in withheld() if w.id in wanted]

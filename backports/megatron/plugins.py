@@ -1,0 +1,181 @@
+"""Catalog entries other distributions register under the entry-point group ``megatron_backports``.
+
+A team carries its own backports without a fork: its distribution declares, in
+``pyproject.toml``::
+
+    [project.entry-points.megatron_backports]
+    acme-7617 = "acme_backports.entry:SPEC"   # a BackportSpec, or an iterable of them
+
+Each entry point contributes all of its entries or none. One that cannot be imported,
+names something that is not an entry (or an iterable holding one), or claims an id that
+another entry claims too, contributes nothing and becomes one ``Withheld`` record: an
+``incompatible`` report naming the distribution, never an exception out of the loader.
+``MEGATRON_BACKPORTS_SKIP_PLUGINS=dist,...`` turns distributions off without importing them.
+
+Loading happens once per process (``catalog.entries()`` caches it); this module only reads
+entry points and judges what they hold.
+"""
+
+import importlib.metadata
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+from . import switches
+from .catalog.spec import BackportSpec
+from .report import Verdict
+
+__all__ = ["BUILTIN", "GROUP", "Loaded", "Withheld", "load"]
+
+GROUP = "megatron_backports"
+BUILTIN = "builtin"  # the source of the entries this package carries itself
+
+
+@dataclass(frozen=True)
+class Withheld:
+    """Something that contributes no entry: an id (or entry-point name), its source, why."""
+
+    id: str
+    source: str
+    verdict: Verdict  # incompatible, or disabled for a skipped distribution
+    reason: str
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The usable entries with their sources, builtins first, and what was withheld."""
+
+    entries: tuple[BackportSpec, ...]
+    sources: Mapping[str, str]  # id -> "builtin" or "<distribution> <version>"
+    withheld: tuple[Withheld, ...]
+
+
+@dataclass(frozen=True)
+class _Plugin:
+    """One entry point, loaded: its entries, or why it has none."""
+
+    name: str
+    distribution: str
+    source: str
+    entries: tuple[BackportSpec, ...] = ()
+    problem: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"entry point {self.name!r} of {self.source}"
+
+
+def _source(entry_point: importlib.metadata.EntryPoint) -> tuple[str, str]:
+    """(distribution name, "<name> <version>") of the distribution declaring the entry point."""
+    dist = entry_point.dist
+    if dist is None:  # an EntryPoint built by hand has no distribution
+        return "unknown", "unknown distribution"
+    name = str(dist.metadata["Name"] or dist.name)
+    return name, f"{name} {dist.version}"
+
+
+def _as_entries(value: Any) -> tuple[tuple[BackportSpec, ...], str | None]:
+    """(the entries ``value`` holds, or why it is not a catalog entry or an iterable of them)."""
+    if isinstance(value, BackportSpec):
+        return (value,), None
+    if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+        return (), f"names a {type(value).__name__}, not a BackportSpec or an iterable of them"
+    items = list(value)  # may raise: the caller reports it like an import failure
+    bad = [
+        f"item {i} is a {type(v).__name__}"
+        for i, v in enumerate(items)
+        if not isinstance(v, BackportSpec)
+    ]
+    if bad:
+        return (), f"holds something that is not a BackportSpec ({'; '.join(bad)})"
+    if not items:
+        return (), "names an empty iterable: no catalog entry"
+    ids = Counter(spec.id for spec in items)
+    twice = sorted(i for i, n in ids.items() if n > 1)
+    if twice:
+        return (), f"holds the id {', '.join(twice)} more than once"
+    return tuple(items), None
+
+
+def _load_one(entry_point: importlib.metadata.EntryPoint) -> _Plugin:
+    distribution, source = _source(entry_point)
+    try:
+        entries, problem = _as_entries(entry_point.load())
+    except Exception as exc:  # a plugin's bug must not break the job that imports megatron
+        problem = f"failed to load {entry_point.value}: {type(exc).__name__}: {exc}"
+        entries = ()
+    return _Plugin(entry_point.name, distribution, source, entries, problem)
+
+
+def _skipped(distribution: str, names: frozenset[str]) -> bool:
+    return canonicalize_name(distribution) in names
+
+
+def _discover(environ: Mapping[str, str] | None) -> tuple[list[_Plugin], list[Withheld]]:
+    """Every entry point of the group loaded, but those of skipped distributions."""
+    skip = frozenset(canonicalize_name(n) for n in switches.skipped_plugins(environ))
+    plugins, withheld = [], []
+    for entry_point in importlib.metadata.entry_points(group=GROUP):
+        distribution, source = _source(entry_point)
+        if _skipped(distribution, skip):
+            why = f"{switches.SKIP_PLUGINS} names {distribution}: its entries are not imported"
+            withheld.append(Withheld(entry_point.name, source, Verdict.DISABLED, why))
+            continue
+        plugins.append(_load_one(entry_point))
+    return plugins, withheld
+
+
+def _claims(builtins: Sequence[BackportSpec], plugins: list[_Plugin]) -> dict[str, list[str]]:
+    """id -> every source that claims it (a plugin's entries count only if it loaded)."""
+    claims: dict[str, list[str]] = {}
+    for spec in builtins:
+        claims.setdefault(spec.id, []).append(BUILTIN)
+    for plugin in plugins:
+        for spec in plugin.entries:
+            claims.setdefault(spec.id, []).append(plugin.source)
+    return claims
+
+
+def load(builtins: Sequence[BackportSpec], environ: Mapping[str, str] | None = None) -> Loaded:
+    """The builtins and every plugin's entries, with duplicates and failures withheld.
+
+    An id claimed twice is applied from no source: one ``incompatible`` record names every
+    claimant, and each plugin entry point that claims it contributes nothing else either.
+    """
+    plugins, withheld = _discover(environ)
+    claims = _claims(builtins, plugins)
+    clashing = {i: who for i, who in claims.items() if len(who) > 1}
+    for backport_id, who in clashing.items():
+        reason = f"the id {backport_id} is claimed by {' and '.join(who)}: neither is applied"
+        withheld.append(Withheld(backport_id, ", ".join(who), Verdict.INCOMPATIBLE, reason))
+    entries = [spec for spec in builtins if spec.id not in clashing]
+    sources = {spec.id: BUILTIN for spec in entries}
+    for plugin in plugins:
+        ids = [spec.id for spec in plugin.entries]
+        if plugin.problem is not None:
+            reason = f"{plugin.label} {plugin.problem}; it contributes nothing"
+            withheld.append(Withheld(plugin.name, plugin.source, Verdict.INCOMPATIBLE, reason))
+        elif any(i in clashing for i in ids):
+            dup = ", ".join(i for i in ids if i in clashing)
+            for backport_id in (i for i in ids if i not in clashing):
+                reason = f"withheld with {plugin.label}, which also claims {dup}, claimed twice"
+                withheld.append(Withheld(backport_id, plugin.source, Verdict.INCOMPATIBLE, reason))
+        else:
+            entries.extend(plugin.entries)
+            sources.update(dict.fromkeys(ids, plugin.source))
+    return Loaded(tuple(entries), sources, tuple(_unique_ids(withheld, set(sources))))
+
+
+def _unique_ids(withheld: list[Withheld], taken: set[str]) -> list[Withheld]:
+    """Each record's id unique among all reports: a clash gets "<source>:<id>"."""
+    unique = []
+    for record in withheld:
+        backport_id = record.id
+        if backport_id in taken:
+            backport_id = f"{record.source.split()[0]}:{record.id}"
+        taken.add(backport_id)
+        unique.append(Withheld(backport_id, record.source, record.verdict, record.reason))
+    return unique

@@ -1,0 +1,343 @@
+"""``backports new``: scaffold an installable plugin distribution for one upstream fix.
+
+What it writes (``DIR`` must not exist)::
+
+    DIR/pyproject.toml                       the entry point under ``megatron_backports``
+    DIR/README.md                            what to write next, and how to check it
+    DIR/<package>/__init__.py
+    DIR/<package>/entry.py                   the catalog entry: SPEC, a sniff skeleton
+    DIR/<package>/vendor/__init__.py
+    DIR/<package>/vendor/<id>/__init__.py    the vendored folder: a stub replacement and
+    DIR/<package>/vendor/<id>/<module>.py    UPSTREAM.toml with its hashes filled in
+    DIR/<package>/vendor/<id>/UPSTREAM.toml
+    DIR/tests/test_<id>.py                   fail until the sniff and replacement exist
+
+It reads the installed target to fill in what it can: the defining module, the signature
+of the undecorated function, the decorator (torch.compile leaves
+``_torchdynamo_orig_callable``; the name comes from the ``@`` line and the module's
+imports), the module globals the function reads, and the modules that hold it by name.
+The stub and the skeleton raise ``NotImplementedError``, so the generated tests fail until
+the author writes the sniff and the replacement: a scaffold that passes proves nothing.
+"""
+
+import ast
+import builtins
+import hashlib
+import importlib
+import importlib.metadata
+import inspect
+import re
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from .errors import BackportError
+from .targets import compiled_body
+from .vendored import python_files_digest
+from .versions import installed_version
+
+__all__ = ["Scaffold", "TargetInfo", "create", "read_target"]
+
+_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+_SHA = re.compile(r"[0-9a-f]{4,40}")
+_UNSET_SHA = "0000000"  # schema-valid placeholder; the generated tests refuse it
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """What the installed target looks like, as the catalog entry must describe it."""
+
+    module: str  # the defining module
+    modules: tuple[str, ...]  # candidate modules for Target.modules (defining one first)
+    attribute: str  # "fn" or "Class.method"
+    parameters: tuple[str, ...]
+    reads: tuple[str, ...]  # module globals the function reads (candidates for helpers)
+    decorator: str | None  # "module:name" when the original is torch.compile's wrapper
+    holders: tuple[str, ...]  # modules in sys.modules that bind it by name
+    distribution: str
+    version: str | None
+    header: str  # "def name(params):" as the stub spells it
+    source_path: str  # the defining module's path in its repository (UPSTREAM.toml path)
+
+    @property
+    def name(self) -> str:
+        return self.attribute.rpartition(".")[2]
+
+    @property
+    def signature_text(self) -> str:
+        return f"({', '.join(self.parameters)})"
+
+
+# ---- reading the installed target --------------------------------------------------------
+
+
+def _import(module_name: str) -> ModuleType:
+    try:
+        return importlib.import_module(module_name)
+    except Exception as exc:
+        raise BackportError(f"cannot import {module_name}: {type(exc).__name__}: {exc}") from exc
+
+
+def _original(module: ModuleType, qualname: str) -> tuple[Any, Any]:
+    """(owner, the object bound there): the module for a function, the class for a method."""
+    owner_name, dot, name = qualname.rpartition(".")
+    if not dot:
+        if not hasattr(module, name):
+            raise BackportError(f"{module.__name__} has no {name}")
+        return module, getattr(module, name)
+    if "." in owner_name:
+        raise BackportError(f"--target takes MODULE:function or MODULE:Class.method: {qualname}")
+    owner = getattr(module, owner_name, None)
+    if not isinstance(owner, type):
+        raise BackportError(f"{module.__name__}.{owner_name} is not a class")
+    if name not in vars(owner):
+        raise BackportError(f"{module.__name__}.{qualname} is not defined on that class")
+    return owner, vars(owner)[name]
+
+
+def _function_node(body: Any) -> ast.FunctionDef | ast.AsyncFunctionDef:
+    try:
+        source = textwrap.dedent(inspect.getsource(body))
+    except (OSError, TypeError) as exc:
+        raise BackportError(f"cannot read the source of {body!r}: {exc}") from exc
+    node = ast.parse(source).body[0]
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        raise BackportError(f"{body!r} is not a function defined with def")
+    return node
+
+
+def _imported_names(module: ModuleType) -> dict[str, str]:
+    """name -> "module:name" for each ``from X import name [as alias]`` of the module."""
+    try:
+        tree = ast.parse(inspect.getsource(module))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    found = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                found[alias.asname or alias.name] = f"{node.module}:{alias.name}"
+    return found
+
+
+def _decorator(node: ast.FunctionDef | ast.AsyncFunctionDef, module: ModuleType) -> str:
+    """The first ``@`` decorator as "module:name" (where the module imported it from)."""
+    imported = _imported_names(module)
+    for expr in node.decorator_list:
+        call = expr.func if isinstance(expr, ast.Call) else expr
+        if isinstance(call, ast.Name):
+            return imported.get(call.id, f"{module.__name__}:{call.id}")
+    return f"{module.__name__}:?"  # the author must name it
+
+
+def _reads(body: Any, module: ModuleType) -> tuple[str, ...]:
+    """Module globals (not modules, not builtins) the function's code names."""
+    names = set(body.__code__.co_names)
+    for const in body.__code__.co_consts:  # nested functions and comprehensions
+        if inspect.iscode(const):
+            names.update(const.co_names)
+    values = vars(module)
+    return tuple(
+        sorted(
+            n
+            for n in names
+            if n in values and not inspect.ismodule(values[n]) and not hasattr(builtins, n)
+        )
+    )
+
+
+def _holders(original: Any, body: Any) -> tuple[str, ...]:
+    found = []
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict) and any(
+            value is original or value is body for value in list(namespace.values())
+        ):
+            found.append(name)
+    return tuple(sorted(found))
+
+
+def _distribution(module_name: str) -> str:
+    top = module_name.partition(".")[0]
+    names = importlib.metadata.packages_distributions().get(top, [])
+    return names[0] if names else top
+
+
+def _source_path(module: ModuleType) -> str:
+    suffix = "/__init__.py" if hasattr(module, "__path__") else ".py"
+    return module.__name__.replace(".", "/") + suffix
+
+
+def _live_defaults(node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+    """Defaults that name module globals read them from the live target module instead."""
+    defaults = [*node.args.defaults, *(d for d in node.args.kw_defaults if d is not None)]
+    for default in defaults:
+        for name in [n for n in ast.walk(default) if isinstance(n, ast.Name)]:
+            if not hasattr(builtins, name.id):
+                live = ast.Call(ast.Name("_live_target", ast.Load()), [], [])
+                name.id = ast.unparse(ast.Attribute(live, name.id, ast.Load()))
+
+
+def _header(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    stub = ast.FunctionDef(
+        name=node.name,
+        args=node.args,
+        body=[ast.Pass()],
+        decorator_list=[],
+        returns=node.returns,
+        type_params=[],
+    )
+    _live_defaults(stub)
+    text = ast.unparse(ast.fix_missing_locations(stub))
+    return text.rsplit("\n", 1)[0]  # drop the placeholder body
+
+
+def read_target(spec: str) -> TargetInfo:
+    """Import ``MODULE:QUALNAME`` and describe it; ``BackportError`` in one line if it is not
+    a function or method defined with ``def``."""
+    module_name, colon, qualname = spec.partition(":")
+    if not colon or not module_name or not qualname:
+        raise BackportError(f"--target must be MODULE:QUALNAME, not {spec!r}")
+    module = _import(module_name)
+    _, original = _original(module, qualname)
+    body = compiled_body(original) or inspect.unwrap(original)
+    if not inspect.isfunction(body):
+        raise BackportError(f"{spec} is a {type(body).__name__}, not a function")
+    defining = sys.modules.get(body.__module__, module)
+    node = _function_node(body)
+    decorator = _decorator(node, defining) if compiled_body(original) is not None else None
+    distribution = _distribution(defining.__name__)
+    return TargetInfo(
+        module=defining.__name__,
+        modules=tuple(dict.fromkeys([defining.__name__, module_name])),
+        attribute=qualname,
+        parameters=tuple(inspect.signature(body).parameters),
+        reads=_reads(body, defining),
+        decorator=decorator,
+        holders=_holders(original, body) if "." not in qualname else (),
+        distribution=distribution,
+        version=None if (v := installed_version(distribution).version) is None else str(v),
+        header=_header(node),
+        source_path=_source_path(defining),
+    )
+
+
+# ---- writing the distribution --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scaffold:
+    """The arguments of ``backports new``, checked."""
+
+    id: str
+    pr: int
+    repo: str
+    dest: Path
+    target: TargetInfo
+    sha: str | None = None
+    package: str | None = None
+
+    @property
+    def package_name(self) -> str:
+        return self.package or f"{self.id.replace('-', '_')}_backport"
+
+    @property
+    def distribution(self) -> str:
+        return self.package_name.replace("_", "-")
+
+    @property
+    def folder(self) -> str:
+        return self.id.replace("-", "_")
+
+    @property
+    def vendored_module(self) -> str:
+        return self.target.module.rpartition(".")[2]
+
+
+def _check(scaffold: Scaffold) -> None:
+    if not _ID.fullmatch(scaffold.id):
+        raise BackportError(f"--id must be lowercase words joined by '-', not {scaffold.id!r}")
+    if scaffold.pr <= 0:
+        raise BackportError(f"--pr must be a positive pull-request number, not {scaffold.pr}")
+    if scaffold.sha is not None and not _SHA.fullmatch(scaffold.sha):
+        raise BackportError(f"--sha must be 4 to 40 lowercase hex digits, not {scaffold.sha!r}")
+    if not scaffold.package_name.isidentifier():
+        raise BackportError(f"--package must be a Python name, not {scaffold.package_name!r}")
+    if scaffold.dest.exists() or scaffold.dest.is_symlink():
+        raise BackportError(f"{scaffold.dest} exists: `backports new` never overwrites")
+
+
+def _toml(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _files(s: Scaffold) -> dict[str, str]:
+    """Relative path -> text, the vendored folder's hashes not yet filled in."""
+    from . import _scaffold_templates as t  # the long texts, kept apart from the logic
+
+    values = t.values(s)
+    vendor = f"{s.package_name}/vendor/{s.folder}"
+    return {
+        "pyproject.toml": t.PYPROJECT.format(**values),
+        "README.md": t.README.format(**values),
+        f"{s.package_name}/__init__.py": t.PACKAGE_INIT.format(**values),
+        f"{s.package_name}/entry.py": t.ENTRY.format(**values),
+        f"{s.package_name}/vendor/__init__.py": t.VENDOR_INIT.format(**values),
+        f"{vendor}/__init__.py": t.VENDORED_INIT.format(**values),
+        f"{vendor}/{s.vendored_module}.py": t.VENDORED.format(**values),
+        f"tests/test_{s.folder}.py": t.TESTS.format(**values),
+    }
+
+
+def _upstream_toml(s: Scaffold, folder: Path) -> str:
+    stub = (folder / f"{s.vendored_module}.py").read_bytes()
+    lines = [
+        "# Provenance of the vendored code in this folder (megatron-backports reads it).",
+        "# After editing the vendored file, record its hashes again:",
+        f"#   python tools/sync_upstream.py --vendor-dir {s.package_name}/vendor "
+        f"--backport {s.id} --rehash",
+        f"id = {_toml(s.id)}",
+        f"repo = {_toml(s.repo)}",
+        f"pr = {s.pr}",
+        f"head_sha = {_toml(s.sha or _UNSET_SHA)}",
+        f"path = {_toml(s.target.source_path)}",
+        f"symbol = {_toml(s.target.attribute)}",
+        f"file = {_toml(s.vendored_module + '.py')}",
+        f'sha256 = "{hashlib.sha256(stub).hexdigest()}"',
+        'origin = "handwritten"',
+        "origin_note = "
+        + _toml(f"Scaffolded by `backports new` for {s.repo}#{s.pr}; a stub until written."),
+        f'files_sha256 = "{python_files_digest(folder)}"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def create(scaffold: Scaffold) -> list[Path]:
+    """Write the plugin distribution into ``scaffold.dest``; returns the files written.
+
+    The folder is built beside its destination and renamed into place, so a failure
+    leaves no half-written DIR behind.
+    """
+    _check(scaffold)
+    dest = scaffold.dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = dest.with_name(f".{dest.name}.backports-new")
+    if staging.exists():
+        raise BackportError(f"{staging} exists: a `backports new` was interrupted; remove it")
+    try:
+        for relative, text in _files(scaffold).items():
+            path = staging / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        folder = staging / scaffold.package_name / "vendor" / scaffold.folder
+        (folder / "UPSTREAM.toml").write_text(_upstream_toml(scaffold, folder), encoding="utf-8")
+        staging.rename(dest)
+    except BaseException:
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return sorted(p for p in dest.rglob("*") if p.is_file())

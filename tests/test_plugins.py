@@ -1,0 +1,303 @@
+"""backports/megatron/plugins.py: catalog entries from the ``megatron_backports`` entry points.
+
+Every plugin here is a real distribution as importlib.metadata sees one: a ``*.dist-info``
+folder (METADATA, entry_points.txt) beside its package, on ``sys.path``. The entries reuse
+the builtin #7617 entry under other ids, so what the loader hands on is a real entry that
+the probe can run on megatron-core 0.19.2.
+"""
+
+import importlib
+import importlib.metadata
+import itertools
+import json
+import sys
+import textwrap
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from backports.megatron import (
+    BackportWarning,
+    Verdict,
+    activation,
+    apply,
+    catalog,
+    cli,
+    revert,
+    status,
+)
+from backports.megatron.catalog import MEGATRON_LM_7617
+from backports.megatron.plugins import GROUP, Withheld
+from tests.conftest import BACKPORT_ID
+
+_counter = itertools.count()
+
+# A plugin's entry module: the builtin entry under the ids it is given.
+CLONES = """
+import dataclasses
+from backports.megatron.catalog import MEGATRON_LM_7617
+
+def clone(backport_id):
+    return dataclasses.replace(MEGATRON_LM_7617, id=backport_id)
+"""
+
+MakePlugin = Callable[..., str]
+
+
+@pytest.fixture
+def make_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MakePlugin]:
+    """``make_plugin(dist, {entry-point name: body of the module it names}, version=)``:
+    writes the package and its dist-info, puts them on sys.path; returns the package name.
+
+    Each body defines ``VALUE``; the entry point names ``<package>.<module>:VALUE``.
+    """
+    packages: list[str] = []
+    roots: list[str] = []
+    catalog.reload()
+
+    def make(dist: str, modules: dict[str, str], version: str = "1.0") -> str:
+        package = f"plugin_{dist.replace('-', '_').lower()}_{next(_counter)}"
+        root = tmp_path / package
+        (root / package).mkdir(parents=True)
+        (root / package / "__init__.py").write_text("")
+        lines = [f"[{GROUP}]"]
+        for index, (name, body) in enumerate(modules.items()):
+            module = f"entry{index}"
+            (root / package / f"{module}.py").write_text(CLONES + textwrap.dedent(body))
+            lines.append(f"{name} = {package}.{module}:VALUE")
+        info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+        # Not monkeypatch.syspath_prepend: its undo comes after the autouse fixture's
+        # revert(), which would load this plugin into the catalog again.
+        sys.path.insert(0, str(root))
+        importlib.invalidate_caches()
+        roots.append(str(root))
+        packages.append(package)
+        catalog.reload()
+        return package
+
+    yield make
+    revert()  # while the plugins' entries are still in the catalog
+    for root in roots:
+        sys.path.remove(root)
+    importlib.invalidate_caches()
+    catalog.reload()
+    for name in [n for n in sys.modules if n.split(".")[0] in packages]:
+        del sys.modules[name]
+
+
+BUILTINS = [spec.id for spec in catalog.CATALOG]
+
+
+def ids() -> list[str]:
+    return [spec.id for spec in catalog.entries()]
+
+
+def withheld() -> dict[str, Withheld]:
+    return {w.id: w for w in catalog.withheld()}
+
+
+def test_an_entry_point_naming_one_entry_joins_the_catalog(make_plugin: MakePlugin) -> None:
+    make_plugin("acme-one", {"acme-1": "VALUE = clone('acme-1')"}, version="2.3")
+    assert ids() == [*BUILTINS, "acme-1"]
+    assert catalog.source("acme-1") == "acme-one 2.3"
+    assert catalog.source(BACKPORT_ID) == "builtin"
+    assert catalog.by_id("acme-1").vendored == MEGATRON_LM_7617.vendored
+    assert withheld() == {}
+
+
+def test_an_entry_point_naming_an_iterable_adds_each(make_plugin: MakePlugin) -> None:
+    make_plugin("acme-two", {"acme": "VALUE = (clone(i) for i in ('acme-a', 'acme-b'))"})
+    assert ids() == [*BUILTINS, "acme-a", "acme-b"]
+    assert catalog.select(["acme-b"]) == [catalog.by_id("acme-b")]
+
+
+def test_the_entry_points_are_read_once_per_process_and_lazily(
+    make_plugin: MakePlugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_plugin("acme-one", {"acme-1": "VALUE = clone('acme-1')"})
+    reads: list[object] = []
+    real = importlib.metadata.entry_points
+
+    def counting(**kwargs: object) -> object:
+        reads.append(kwargs)
+        return real(**kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", counting)
+    catalog.reload()
+    assert reads == []  # nothing is read before the catalog is used
+    for _ in range(3):
+        catalog.entries()
+        catalog.select(None)
+        catalog.source("acme-1")
+        catalog.withheld()
+    assert reads == [{"group": GROUP}]
+
+
+def test_a_plugin_that_fails_to_import_is_one_incompatible_record(
+    make_plugin: MakePlugin,
+) -> None:
+    make_plugin("acme-broken", {"acme-broken": "raise RuntimeError('no GPU here')"})
+    make_plugin("acme-fine", {"acme-fine": "VALUE = clone('acme-fine')"})
+    assert ids() == [*BUILTINS, "acme-fine"]  # the other plugin still loads
+    (record,) = withheld().values()
+    assert (record.id, record.verdict, record.source) == (
+        "acme-broken",
+        Verdict.INCOMPATIBLE,
+        "acme-broken 1.0",
+    )
+    assert "acme-broken 1.0" in record.reason
+    assert "RuntimeError: no GPU here" in record.reason
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ("VALUE = 7617", "names a int"),
+        ("VALUE = 'acme-1'", "names a str"),
+        ("VALUE = [clone('acme-ok'), object()]", "item 1 is a object"),
+        ("VALUE = []", "empty"),
+        ("VALUE = [clone('acme-x'), clone('acme-x')]", "acme-x more than once"),
+        (
+            "def _gen():\n    yield clone('acme-ok')\n    raise OSError('disk')\nVALUE = _gen()",
+            "disk",
+        ),
+        ("", "has no attribute 'VALUE'"),
+    ],
+)
+def test_a_plugin_naming_what_is_not_an_entry_contributes_nothing(
+    make_plugin: MakePlugin, body: str, says: str
+) -> None:
+    make_plugin("acme-odd", {"acme-odd": body})
+    assert ids() == BUILTINS  # not even the good item of a bad iterable
+    record = withheld()["acme-odd"]
+    assert record.verdict is Verdict.INCOMPATIBLE
+    assert "acme-odd 1.0" in record.reason and says in record.reason
+
+
+def test_a_plugin_claiming_a_builtin_id_is_withheld_with_it(make_plugin: MakePlugin) -> None:
+    make_plugin("acme-dup", {"acme": f"VALUE = [clone('{BACKPORT_ID}'), clone('acme-sib')]"})
+    # Neither copy of the id, nor the plugin's other entry.
+    assert ids() == [i for i in BUILTINS if i != BACKPORT_ID]
+    records = withheld()
+    assert set(records) == {BACKPORT_ID, "acme-sib"}
+    dup = records[BACKPORT_ID]
+    assert dup.verdict is Verdict.INCOMPATIBLE
+    assert "builtin" in dup.reason and "acme-dup 1.0" in dup.reason
+    assert "acme-dup 1.0" in records["acme-sib"].reason
+
+
+def test_two_plugins_claiming_one_id(make_plugin: MakePlugin) -> None:
+    make_plugin("acme-a", {"x": "VALUE = clone('acme-same')"})
+    make_plugin("acme-b", {"y": "VALUE = clone('acme-same')"})
+    assert ids() == BUILTINS
+    (record,) = withheld().values()
+    assert record.id == "acme-same"
+    assert "acme-a 1.0" in record.reason and "acme-b 1.0" in record.reason
+
+
+def test_a_skipped_distribution_is_never_imported(
+    make_plugin: MakePlugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = make_plugin("Acme-Broken", {"acme-broken": "raise SystemExit('imported!')"})
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP_PLUGINS", " other, acme_broken ")
+    catalog.reload()
+    assert ids() == BUILTINS
+    record = withheld()["acme-broken"]
+    assert (record.verdict, record.source) == (Verdict.DISABLED, "Acme-Broken 1.0")
+    assert "MEGATRON_BACKPORTS_SKIP_PLUGINS" in record.reason
+    assert not [name for name in sys.modules if name.startswith(package)]
+
+
+def test_a_failed_plugins_id_never_hides_a_loaded_entry(make_plugin: MakePlugin) -> None:
+    make_plugin("acme-broken", {BACKPORT_ID: "raise ImportError('gone')"})
+    assert ids() == BUILTINS
+    assert set(withheld()) == {f"acme-broken:{BACKPORT_ID}"}
+
+
+@pytest.mark.usefixtures("tilelang_dsa")
+def test_status_json_names_each_source(
+    make_plugin: MakePlugin, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_plugin("acme-one", {"acme-1": "VALUE = clone('acme-1')"}, version="2.3")
+    make_plugin("acme-broken", {"acme-broken": "import not_a_module_anywhere"})
+    assert cli.main(["status", "--json"]) == 0
+    reports = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert {i: (r["verdict"], r["source"]) for i, r in reports.items()} == {
+        **{i: ("needed", "builtin") for i in BUILTINS},
+        "acme-1": ("needed", "acme-one 2.3"),
+        "acme-broken": ("incompatible", "acme-broken 1.0"),
+    }
+    assert "ModuleNotFoundError" in reports["acme-broken"]["reason"]
+
+
+@pytest.mark.usefixtures("tilelang_dsa")
+def test_apply_installs_plugins_and_warns_once_for_a_broken_one(
+    make_plugin: MakePlugin,
+) -> None:
+    make_plugin("acme-one", {"acme-1": "VALUE = clone('acme-1')"})
+    make_plugin("acme-broken", {"acme-broken": "VALUE = 1"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reports = {r.id: r for r in apply(["acme-1", "acme-broken"])}
+        apply(["acme-broken"])
+    assert str(reports["acme-1"].action) == "installed"
+    assert reports["acme-1"].source == "acme-one 1.0"
+    assert reports["acme-broken"].verdict is Verdict.INCOMPATIBLE
+    messages = [str(w.message) for w in caught if w.category is BackportWarning]
+    assert len(messages) == 1 and "acme-broken 1.0" in messages[0]
+    assert caught[0].filename == __file__  # points at the caller of apply()
+    with pytest.raises(Exception, match="acme-broken is incompatible"):
+        apply(["acme-broken"], strict=True)
+
+
+@pytest.mark.usefixtures("tilelang_dsa")
+def test_check_fails_on_a_broken_plugin_and_passes_once_it_is_skipped(
+    make_plugin: MakePlugin, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_plugin("acme-broken", {"acme-broken": "raise ValueError('bad')"})
+    assert cli.main(["check"]) == 1
+    assert "acme-broken" in capsys.readouterr().out
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP_PLUGINS", "acme-broken")
+    catalog.reload()
+    assert cli.main(["check"]) == 0
+
+
+def test_status_of_a_withheld_id_alone_probes_nothing(make_plugin: MakePlugin) -> None:
+    make_plugin("acme-broken", {"acme-broken": "VALUE = None"})
+    (report,) = status("acme-broken")
+    assert (report.id, report.verdict, report.source) == (
+        "acme-broken",
+        Verdict.INCOMPATIBLE,
+        "acme-broken 1.0",
+    )
+    with pytest.raises(Exception, match=r"known: .*acme-broken"):
+        status("acme-nope")
+
+
+def test_help_lists_plugin_entries_and_the_skip_switch(
+    make_plugin: MakePlugin, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_plugin("acme-one", {"acme-1": "VALUE = clone('acme-1')"}, version="2.3")
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert "acme-1" in out and "[acme-one 2.3]" in out
+    assert "MEGATRON_BACKPORTS_SKIP_PLUGINS=DIST" in out
+
+
+def test_the_start_up_hook_watches_plugin_targets(make_plugin: MakePlugin) -> None:
+    body = """
+    base = clone('acme-lib')
+    target = dataclasses.replace(base.target, modules=('acme_lib.kernels',))
+    VALUE = dataclasses.replace(base, targets=(target,))
+    """
+    make_plugin("acme-lib", {"acme-lib": body})
+    assert "acme_lib.kernels" in activation.target_modules()
+    assert activation.target_modules(("acme-lib",)) == ("acme_lib.kernels",)
+    assert activation.watched_packages() == ("megatron", "acme_lib")
+    assert "acme_lib" in activation.hook_text()

@@ -1,0 +1,155 @@
+"""``backports new`` (backports/megatron/scaffold.py) on real megatron-core 0.19.2 targets.
+
+What the scaffold reads is compared with what the tests know of megatron-core 0.19.2 by
+hand (``divide(numerator, denominator)`` and the modules that import it by name;
+``TopKRouter._apply_expert_bias`` compiled through ``megatron.core.jit.jit_fuser``). The
+install, the generated tests failing untouched, and a filled-in plugin are
+tests/test_plugin_install.py's (slow: a throwaway venv).
+"""
+
+import ast
+import hashlib
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from backports.megatron import cli
+from backports.megatron.scaffold import read_target
+from backports.megatron.upstream_schema import manifest_problems
+from tests.test_vendored import documented_digest
+
+DIVIDE = "megatron.core.utils:divide"
+EXPERT_BIAS = "megatron.core.transformer.moe.router:TopKRouter._apply_expert_bias"
+ARGS = ["--id", "megatron-lm-9999", "--pr", "9999", "--repo", "https://github.com/o/r.git"]
+PACKAGE = "megatron_lm_9999_backport"
+
+
+def new(dest: Path, target: str = DIVIDE, *extra: str) -> int:
+    return cli.main(["new", *ARGS, "--target", target, "--dest", str(dest), *extra])
+
+
+def test_new_writes_an_installable_plugin_for_a_plain_function(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dest = tmp_path / "plugin"
+    assert new(dest, DIVIDE, "--sha", "abc1234") == 0
+    vendor = f"{PACKAGE}/vendor/megatron_lm_9999"
+    assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()) == sorted(
+        [
+            "README.md",
+            "pyproject.toml",
+            f"{PACKAGE}/__init__.py",
+            f"{PACKAGE}/entry.py",
+            f"{PACKAGE}/vendor/__init__.py",
+            f"{vendor}/__init__.py",
+            f"{vendor}/utils.py",
+            f"{vendor}/UPSTREAM.toml",
+            "tests/test_megatron_lm_9999.py",
+        ]
+    )
+    project = tomllib.loads((dest / "pyproject.toml").read_text())
+    assert project["project"]["entry-points"]["megatron_backports"] == {
+        "megatron-lm-9999": f"{PACKAGE}.entry:SPEC"
+    }
+    assert project["project"]["name"] == "megatron-lm-9999-backport"
+    folder = dest / vendor
+    upstream = tomllib.loads((folder / "UPSTREAM.toml").read_text())
+    assert manifest_problems(upstream) == []
+    assert upstream["sha256"] == hashlib.sha256((folder / "utils.py").read_bytes()).hexdigest()
+    assert upstream["files_sha256"] == documented_digest(folder)
+    assert (upstream["path"], upstream["symbol"], upstream["head_sha"]) == (
+        "megatron/core/utils.py",
+        "divide",
+        "abc1234",
+    )
+    out = capsys.readouterr().out
+    # megatron-core 0.19.2 imports divide by name into these (each a `from ... import divide`).
+    for holder in ("megatron.core.tensor_parallel.utils", "megatron.core.tensor_parallel.layers"):
+        assert holder in out
+    assert "divide(numerator, denominator) from megatron-core 0.19.2" in out
+
+
+def _spec_call(entry: Path) -> dict[str, ast.expr]:
+    """The keyword arguments of Target(...) in the generated entry module."""
+    tree = ast.parse(entry.read_text())
+    (call,) = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Target"
+    ]
+    return {kw.arg: kw.value for kw in call.keywords if kw.arg}
+
+
+def test_the_entry_describes_what_the_installed_target_is(tmp_path: Path) -> None:
+    assert new(tmp_path / "p", DIVIDE) == 0
+    target = _spec_call(tmp_path / "p" / PACKAGE / "entry.py")
+    assert ast.literal_eval(target["modules"]) == ("megatron.core.utils",)
+    assert ast.literal_eval(target["attribute"]) == "divide"
+    assert ast.literal_eval(target["parameters"]) == ("numerator", "denominator")
+    assert ast.literal_eval(target["helpers"]) == ("ensure_divisibility",)
+    assert ast.literal_eval(target["decorator"]) is None
+    stub = (tmp_path / "p" / PACKAGE / "vendor" / "megatron_lm_9999" / "utils.py").read_text()
+    assert "def divide(numerator, denominator):\n    raise NotImplementedError" in stub
+
+
+def test_a_compiled_method_gets_its_decorator_and_self(tmp_path: Path) -> None:
+    info = read_target(EXPERT_BIAS)
+    assert info.module == "megatron.core.transformer.moe.router"
+    assert info.attribute == "TopKRouter._apply_expert_bias"
+    assert info.parameters == ("self", "routing_map", "padding_mask")  # of the body
+    assert info.decorator == "megatron.core.jit:jit_fuser"  # from the @ line and the import
+    assert new(tmp_path / "p", EXPERT_BIAS) == 0
+    target = _spec_call(tmp_path / "p" / PACKAGE / "entry.py")
+    assert ast.literal_eval(target["decorator"]) == "megatron.core.jit:jit_fuser"
+    stub = (tmp_path / "p" / PACKAGE / "vendor" / "megatron_lm_9999" / "router.py").read_text()
+    compile(stub, "router.py", "exec")
+    assert "def _apply_expert_bias(self, routing_map" in stub
+
+
+def test_new_refuses_an_existing_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dest = tmp_path / "plugin"
+    dest.mkdir()
+    (dest / "mine.txt").write_text("keep")
+    assert new(dest) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "exists" in err and str(dest) in err
+    assert [p.name for p in dest.iterdir()] == ["mine.txt"]
+
+
+@pytest.mark.parametrize(
+    ("target", "says"),
+    [
+        ("megatron.core.no_such_module:f", "cannot import megatron.core.no_such_module"),
+        ("megatron.core.utils:no_such_function", "has no no_such_function"),
+        ("megatron.core.utils", "MODULE:QUALNAME"),
+        ("megatron.core.transformer.moe.router:TopKRouter.nope", "not defined on that class"),
+    ],
+)
+def test_new_refuses_a_target_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str, says: str
+) -> None:
+    assert new(tmp_path / "plugin", target) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err
+    assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [(["--sha", "xyz"], "--sha"), (["--package", "not-a-name"], "--package")],
+)
+def test_new_refuses_bad_arguments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], says: str
+) -> None:
+    assert new(tmp_path / "plugin", DIVIDE, *extra) == 2
+    assert says in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_new_help_shows_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["new", "--help"])
+    out = capsys.readouterr().out
+    assert "example:" in out and "backports new --id megatron-lm-9999 --pr 9999" in out
+    assert "--target megatron.core.utils:divide" in out
