@@ -1,7 +1,7 @@
 """Mutation testing of the package: can the tests tell a broken module from the real one?
 
     python benchmarks/mutation.py [--out benchmarks/results/mutation.json]
-        [--max-per-module 30] [--only targeted|systematic|all] [--timeout 240]
+        [--max-per-module 15] [--only targeted|systematic|all] [--timeout 240]
 
 Not run in CI: it rewrites package files in this work tree, one mutant at a time, and
 needs a clean ``backports/`` and ``vendor/`` (it refuses otherwise, and puts every file
@@ -480,14 +480,16 @@ def _write_markdown(path: Path, result: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/mutation.json")
-    parser.add_argument("--max-per-module", type=int, default=30)
+    parser.add_argument("--max-per-module", type=int, default=15)
     parser.add_argument("--only", choices=["targeted", "systematic", "all"], default="all")
     parser.add_argument("--timeout", type=float, default=240.0)
     args = parser.parse_args()
 
     _clean_tree()
-    # SIGTERM behaves as Ctrl-C: the `finally` in run_mutant puts the file back.
+    # SIGTERM and SIGINT (ignored by a shell's background job) behave as Ctrl-C: the
+    # `finally` in run_mutant puts the file back.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     mutants = []
     if args.only in ("targeted", "all"):
         mutants += targeted_mutants()
