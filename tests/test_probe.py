@@ -248,3 +248,12 @@ def test_an_absent_target_says_where_it_looked(tilelang_dsa, monkeypatch):
     # One entry per candidate module: the moved path is not in 0.19.2, the old one lacks it.
     assert "megatron.core.ops.attention.dsa.kernels.tilelang_dsa (no such module)" in report.reason
     assert f"{TILELANG_DSA} (no fused_sparse_mla_absorbed)" in report.reason
+
+
+def test_the_reason_says_a_padded_call_returned_the_wrong_shape(tilelang_dsa, monkeypatch):
+    monkeypatch.setattr(
+        tilelang_dsa, "fused_sparse_mla_absorbed", standins.pads_but_returns_kernel_layout
+    )
+    reason = _status().reason
+    assert "unpadded" not in reason
+    assert "reaches the kernel padded as" in reason and "returns [1, 2, 16, 512]" in reason
