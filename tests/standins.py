@@ -51,6 +51,24 @@ def topk_padding_only(query, key, topk_indices, softmax_scale, v_channels):
     return out[:, :, :heads].permute(1, 0, 2, 3).contiguous()
 
 
+def pads_but_returns_kernel_layout(query, key, topk_indices, softmax_scale, v_channels):
+    """Pads like #7617 but hands back the kernel's [b, sq, heads, 512], not [sq, b, ...]."""
+    if SparseMLA is None or query.size(-1) not in (512, 576) or v_channels != 512:
+        return None
+    pad = torch.nn.functional.pad
+    if query.size(-1) == 512:
+        query, key = pad(query, (0, 64)), pad(key, (0, 64))
+    indices = topk_indices.unsqueeze(2).to(torch.int32)
+    indices = pad(indices, (0, -indices.size(-1) % 64), value=-1)
+    out, _ = SparseMLA.apply(
+        query.permute(1, 0, 2, 3).contiguous(),
+        key.permute(1, 0, 2, 3).contiguous(),
+        indices,
+        softmax_scale,
+    )
+    return out
+
+
 def new_signature(query, key, topk_indices, softmax_scale, v_channels, topk_length=None):
     """A later upstream that changed the contract."""
     return None
@@ -60,7 +78,13 @@ def raises(query, key, topk_indices, softmax_scale, v_channels):
     raise RuntimeError("this build is broken")
 '''
 
-NAMES = ("fixed_upstream", "topk_padding_only", "new_signature", "raises")
+NAMES = (
+    "fixed_upstream",
+    "topk_padding_only",
+    "pads_but_returns_kernel_layout",
+    "new_signature",
+    "raises",
+)
 
 
 @cache

@@ -69,6 +69,29 @@ def test_every_alias_is_rebound_and_restored(tilelang_dsa, monkeypatch):
     assert user.sparse_attention is original
 
 
+def test_an_alias_taken_after_apply_is_restored_by_revert(tilelang_dsa, monkeypatch):
+    """A module imported after apply() holds our function: revert puts the original there."""
+    original = tilelang_dsa.fused_sparse_mla_absorbed
+    apply()
+    late = types.ModuleType("user_module_imported_after_apply")
+    late.sparse_attention = tilelang_dsa.fused_sparse_mla_absorbed
+    monkeypatch.setitem(sys.modules, late.__name__, late)
+    revert()
+    assert late.sparse_attention is original
+    assert tilelang_dsa.fused_sparse_mla_absorbed is original
+
+
+def test_revert_names_every_site_it_restored(tilelang_dsa, monkeypatch):
+    user = types.ModuleType("user_script_with_an_alias")
+    user.sparse_attention = tilelang_dsa.fused_sparse_mla_absorbed
+    monkeypatch.setitem(sys.modules, user.__name__, user)
+    apply()
+    (report,) = [r for r in revert() if r.id == BACKPORT_ID]
+    assert report.action is Action.REVERTED
+    assert f"{TILELANG_DSA}.fused_sparse_mla_absorbed" in report.reason
+    assert "user_script_with_an_alias.sparse_attention" in report.reason
+
+
 def test_concurrent_apply_installs_once(tilelang_dsa):
     results, barrier = [], threading.Barrier(8)
     status()  # imports every entry's target modules: apply installs rather than defers

@@ -34,6 +34,17 @@ class Case:
     seed: int = 0
     transpose_query: bool = False  # a non-contiguous view, as a caller's permute gives
 
+    def kernel_takes_it(self) -> bool:
+        """What #7617 hands the kernel: bf16 q and k of one width, 512 or 576, v_channels
+        512, heads padded up to 16 a power of two. Index dtype and range do not matter."""
+        kernel_heads = max(self.heads, 16)
+        return (
+            self.q_dtype == self.k_dtype == torch.bfloat16
+            and self.width == self.key_width in (512, 576)
+            and self.v_channels == 512
+            and kernel_heads & (kernel_heads - 1) == 0
+        )
+
     def build(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         gen = torch.Generator().manual_seed(self.seed)
         shape = (self.b, self.sq) if self.transpose_query else (self.sq, self.b)
@@ -90,12 +101,11 @@ def test_never_raises_never_writes_and_is_none_or_right(tilelang_dsa, fake_kerne
     for before, after in zip(saved, (query, key, indices), strict=True):
         assert torch.equal(before, after)
     event("declined" if out is None else "computed")
+    # Declines exactly what the kernel cannot take (a function that always returns None
+    # fails here, as does one that accepts what the kernel does not support).
+    assert (out is not None) == case.kernel_takes_it(), case
     if out is None:
         return
-    # Accepted only what the kernel supports.
-    assert case.q_dtype == case.k_dtype == torch.bfloat16
-    assert case.width == case.key_width and case.width in (512, 576)
-    assert case.v_channels == 512
     assert out.shape == (case.sq, case.b, case.heads, 512)
     ref = sparse_mla_reference(query, key, indices, SCALE, 512)
     err = (out.float() - ref).norm() / ref.norm().clamp_min(1e-6)

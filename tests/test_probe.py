@@ -3,8 +3,10 @@
 import dataclasses
 import importlib.metadata
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
+import git
 import pytest
 from packaging.version import Version
 
@@ -154,3 +156,105 @@ def test_synced_reads_missing_from_the_module_are_incompatible(tilelang_dsa, mon
     report = _status()
     assert report.verdict is Verdict.INCOMPATIBLE
     assert "_pad_for_kernel" in report.reason
+
+
+@pytest.fixture
+def megatron_checkout(tmp_path, monkeypatch):
+    """A Megatron-LM git checkout holding the imported megatron/core: base -> fix.
+
+    UPSTREAM.toml's head and merge SHAs name this history's "fix" commit, so the real git
+    evidence says "contains" at HEAD and "does not contain" at the base commit.
+    """
+    repo = git.Repo.init(tmp_path / "Megatron-LM", initial_branch="main")
+    core = Path(repo.working_tree_dir) / "megatron" / "core"
+    core.mkdir(parents=True)
+    shas = {}
+    for name, text in [
+        ("package_info.py", "MAJOR = 0\nMINOR = 19\nPATCH = 2\n"),
+        ("__init__.py", ""),
+        ("fix.py", "FIXED = True\n"),
+    ]:
+        (core / name).write_text(text)
+        repo.index.add([str(core / name)])
+        shas[name] = repo.index.commit(name).hexsha
+    real = probe_module.read_upstream
+
+    def upstream_commits(merge, head):
+        monkeypatch.setattr(
+            probe_module,
+            "read_upstream",
+            lambda ref: {**real(ref), "merge_sha": merge, "head_sha": head},
+        )
+
+    upstream_commits(shas["fix.py"], shas["fix.py"])
+    monkeypatch.setattr(versions_module, "_megatron_core_dir", lambda: core)
+    return repo, shas, upstream_commits
+
+
+@pytest.mark.parametrize(
+    ("at", "installed", "note"),
+    [
+        # Behaviour says "lacks the fix" (0.19.2), git says the checkout has the commits.
+        ("head", None, "disagrees: the git checkout contains megatron-lm-7617's commits"),
+        # Behaviour says "has the fix", git says the checkout predates the commits.
+        ("base", "fixed_upstream", "disagrees: the git checkout does not contain megatron-lm"),
+        ("head", "fixed_upstream", None),  # both say fixed
+        ("base", None, None),  # both say not fixed
+    ],
+)
+def test_git_checkout_cross_check(
+    tilelang_dsa, monkeypatch, megatron_checkout, at, installed, note
+):
+    """Behaviour decides the verdict; git disagreeing is written into the reason."""
+    repo, shas, _ = megatron_checkout
+    if at == "base":
+        repo.git.checkout(shas["package_info.py"])
+    if installed is not None:
+        monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", getattr(standins, installed))
+    report = _status()
+    expected = Verdict.UPSTREAM if installed is not None else Verdict.NEEDED
+    assert report.verdict is expected, report.reason
+    assert report.evidence["git"]["contains"] == {"merge": at == "head", "head": at == "head"}
+    if note is None:
+        assert "disagrees" not in report.reason
+    else:
+        assert note in report.reason
+
+
+def test_commits_unknown_to_the_checkout_are_no_evidence(tilelang_dsa, megatron_checkout):
+    """A shallow clone that lacks the SHAs says nothing either way (None, not False)."""
+    _, _, upstream_commits = megatron_checkout
+    upstream_commits("f77f360", "3d07347")
+    report = _status()
+    assert report.evidence["git"]["contains"] == {"merge": None, "head": None}
+    assert report.verdict is Verdict.NEEDED and "disagrees" not in report.reason
+
+
+def test_a_function_that_pads_but_returns_the_wrong_layout_is_not_fixed(tilelang_dsa, monkeypatch):
+    """Reaching the kernel padded is not enough: the caller must get [sq, b, heads, 512]."""
+    monkeypatch.setattr(
+        tilelang_dsa, "fused_sparse_mla_absorbed", standins.pads_but_returns_kernel_layout
+    )
+    report = _status()
+    probe_call = report.evidence["behaviour"]["nope_topk65"]
+    assert probe_call["kernel_saw"] == {"width": 576, "topk": 128, "heads": 16}
+    assert probe_call["returned"] == [1, 2, 16, 512]  # [b, sq, ...]: sq=2, b=1 in the sniff
+    assert report.verdict is Verdict.NEEDED, report.reason
+
+
+def test_an_absent_target_says_where_it_looked(tilelang_dsa, monkeypatch):
+    monkeypatch.delattr(tilelang_dsa, "fused_sparse_mla_absorbed")
+    report = _status()
+    assert report.verdict is Verdict.ABSENT
+    # One entry per candidate module: the moved path is not in 0.19.2, the old one lacks it.
+    assert "megatron.core.ops.attention.dsa.kernels.tilelang_dsa (no such module)" in report.reason
+    assert f"{TILELANG_DSA} (no fused_sparse_mla_absorbed)" in report.reason
+
+
+def test_the_reason_says_a_padded_call_returned_the_wrong_shape(tilelang_dsa, monkeypatch):
+    monkeypatch.setattr(
+        tilelang_dsa, "fused_sparse_mla_absorbed", standins.pads_but_returns_kernel_layout
+    )
+    reason = _status().reason
+    assert "unpadded" not in reason
+    assert "reaches the kernel padded as" in reason and "returns [1, 2, 16, 512]" in reason

@@ -1,10 +1,16 @@
 """verify_ranks in one process (a world of one); two torchrun ranks: test_job_start.py."""
 
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch.distributed as dist
 
 from backports.megatron import BackportError, apply, verify_ranks
-from backports.megatron.ranks import _rank_list, installed_backports
+from backports.megatron.ranks import _describe, _rank_list, installed_backports, is_rank_zero
 from tests.conftest import BACKPORT_ID
 
 
@@ -31,9 +37,82 @@ def test_group_argument(world_of_one):
     assert verify_ranks(dist.new_group([0])) == {}
 
 
+# One rank of a two-rank gloo world on CPU. Rank 0 runs the backport, rank 1 does not (as
+# under MEGATRON_BACKPORTS=0 there): what this rank runs is stood in, the comparison is real.
+_TWO_RANKS = textwrap.dedent(
+    """
+    import json, sys
+    import torch.distributed as dist
+    from backports.megatron import ranks
+
+    rank, store = int(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)
+    ranks.installed_backports = lambda: {"megatron-lm-7617": "ab" * 32} if rank == 0 else {}
+    singletons = [dist.new_group([0]), dist.new_group([1])]  # every rank creates every group
+    seen = {}
+    for name, group in (("world", None), ("own", singletons[rank]), ("both", dist.group.WORLD)):
+        try:
+            seen[name] = {"returned": ranks.verify_ranks(group)}
+        except Exception as exc:
+            seen[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    dist.destroy_process_group()
+    print(json.dumps(seen))
+    """
+)
+
+
+def test_group_limits_the_comparison_to_its_ranks(tmp_path: Path):
+    """Ranks that differ across the world agree within their own one-rank groups."""
+    store = str(tmp_path / "store")
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _TWO_RANKS, str(rank), store],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    seen = []
+    for child in children:
+        out, err = child.communicate(timeout=180)
+        assert child.returncode == 0, err
+        seen.append(json.loads(out.strip().splitlines()[-1]))
+    for rank in (0, 1):
+        for name in ("world", "both"):
+            error = seen[rank][name].get("error", "")
+            assert error.startswith("BackportError: "), seen
+            assert "differing from rank 0: rank 1. " in error, error
+            assert "rank 0: megatron-lm-7617 (abababababab); rank 1: none." in error, error
+    assert seen[0]["own"] == {"returned": {"megatron-lm-7617": "ab" * 32}}
+    assert seen[1]["own"] == {"returned": {}}
+
+
 @pytest.mark.parametrize(
     ("ranks", "text"),
     [([1], "rank 1"), ([0, 1, 2, 5], "ranks 0-2,5"), ([3, 4, 7, 8, 9], "ranks 3-4,7-9")],
 )
 def test_rank_list(ranks, text):
     assert _rank_list(ranks) == text
+
+
+@pytest.mark.parametrize(
+    ("env", "zero"),
+    [
+        ({}, True),
+        ({"RANK": "0", "LOCAL_RANK": "0"}, True),
+        ({"RANK": "3"}, False),
+        ({"RANK": "0", "LOCAL_RANK": "1"}, False),
+        ({"RANK": " 2 "}, False),
+        ({"RANK": "not-a-number"}, True),  # better a duplicate warning than none
+    ],
+)
+def test_is_rank_zero(monkeypatch, env, zero):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert is_rank_zero() is zero
+
+
+def test_describe_names_each_backport_with_its_short_hash():
+    assert _describe({}) == "none"
+    assert _describe({"b": "1" * 64, "a": "2" * 64}) == "a (222222222222), b (111111111111)"

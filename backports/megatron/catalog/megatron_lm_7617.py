@@ -92,6 +92,11 @@ def _sniff(targets: Sequence["ResolvedTarget"]) -> SniffResult:
         )
     elif saw is None:
         summary = "a width-512 / top-k 65 call is declined (None: dense O(L^2) fallback)"
+    elif saw["width"] == _KERNEL_WIDTH and saw["topk"] % _TOPK_BLOCK == 0:
+        summary = (
+            f"a width-512 / top-k 65 call reaches the kernel padded as {saw} but returns "
+            f"{probe['returned']}, not [2, 1, 16, 512]"
+        )
     else:
         summary = f"a width-512 / top-k 65 call reaches the kernel unpadded as {saw}"
     return SniffResult(fixed, summary, {"control": control, "nope_topk65": probe})

@@ -1,0 +1,538 @@
+"""Mutation testing of the package: can the tests tell a broken module from the real one?
+
+    python benchmarks/mutation.py [--out benchmarks/results/mutation.json]
+        [--max-per-module 15] [--only targeted|systematic|all] [--timeout 240]
+
+Not run in CI: it rewrites package files in this work tree, one mutant at a time, and
+needs a clean ``backports/`` and ``vendor/`` (it refuses otherwise, and puts every file
+back, byte for byte, even on Ctrl-C or a SIGTERM).
+
+Two sets of mutants:
+
+- **targeted**: the survivors named in issue 12, item 15 (the git cross-check, the sniff's
+  output-shape check, late aliases on uninstall, the package_info version fallback, a
+  vendored function that always returns None, ``verify_ranks`` ignoring ``group``, a
+  start-up trigger that imports something), each run against the test file (or test)
+  that should catch it.
+- **systematic**: a small AST mutator over probe.py, patcher.py, versions.py, targets.py,
+  ranks.py and catalog/megatron_lm_7617.py: comparison flips, ``and``/``or`` swaps,
+  ``not`` dropped, ``if`` conditions negated, ``True``/``False`` swapped, integers + 1,
+  ``return x`` -> ``return None``, call statements removed. Log lines, f-strings and
+  docstrings are left alone (a mutant there changes nothing a test should see). At most
+  ``--max-per-module`` per module, spread evenly over the file (deterministic).
+
+Each mutant runs only its module's test files, ``-x -p no:cacheprovider -m "not slow and
+not gpu"``, with a timeout; a mutant is *killed* when pytest fails (or times out), else it
+*survived*. mutmut was not used: it runs tests against a copied tree, while the tests here
+start subprocesses that import the package from this work tree (editable install).
+"""
+
+import argparse
+import ast
+import hashlib
+import json
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "backports" / "megatron"
+VENDOR = ROOT / "vendor" / "megatron_lm_7617"
+PYTEST_ARGS = ["-x", "-q", "-p", "no:cacheprovider", "-m", "not slow and not gpu"]
+
+# Which tests guard which module (the files a developer would run after editing it).
+MODULE_TESTS: dict[str, list[str]] = {
+    "probe.py": ["tests/test_probe.py", "tests/test_git_ancestry.py"],
+    "patcher.py": ["tests/test_api.py", "tests/test_reliability.py", "tests/test_post_import.py"],
+    "versions.py": ["tests/test_versions.py", "tests/test_probe.py"],
+    "targets.py": ["tests/test_targets.py", "tests/test_probe.py", "tests/test_reliability.py"],
+    "ranks.py": ["tests/test_ranks.py"],
+    "catalog/megatron_lm_7617.py": ["tests/test_probe.py"],
+}
+PROPERTY_TEST = (
+    "tests/test_fused_sparse_mla_absorbed_properties.py::"
+    "test_never_raises_never_writes_and_is_none_or_right"
+)
+
+
+@dataclass(frozen=True)
+class Targeted:
+    """One named mutant: ``old`` (found exactly once in ``file``) becomes ``new``."""
+
+    id: str
+    file: str  # relative to the repository root
+    old: str
+    new: str
+    tests: list[str]
+    what: str
+    rehash: bool = False  # a vendored file: update UPSTREAM.toml as a sync --rehash would
+
+
+TARGETED = [
+    Targeted(
+        "probe-git-cross-check-dropped",
+        "backports/megatron/probe.py",
+        "    if any(contains.values()) != fixed and any(v is not None for v in contains.values()):",
+        "    if False:",
+        MODULE_TESTS["probe.py"],
+        "the probe never says that the git checkout disagrees with the behaviour",
+    ),
+    Targeted(
+        "probe-git-cross-check-inverted",
+        "backports/megatron/probe.py",
+        "    if any(contains.values()) != fixed and",
+        "    if any(contains.values()) == fixed and",
+        MODULE_TESTS["probe.py"],
+        "the git disagreement note appears when git and behaviour agree",
+    ),
+    Targeted(
+        "sniff-output-shape-unchecked",
+        "backports/megatron/catalog/megatron_lm_7617.py",
+        '        and probe["returned"] == [2, 1, 16, 512]\n',
+        "",
+        MODULE_TESTS["catalog/megatron_lm_7617.py"],
+        "a function that pads for the kernel but returns the wrong shape counts as fixed",
+    ),
+    Targeted(
+        "uninstall-late-aliases-ignored",
+        "backports/megatron/patcher.py",
+        "late_aliases = _bindings_of(installation.replacement)",
+        "late_aliases = ()",
+        MODULE_TESTS["patcher.py"],
+        "revert leaves our function in modules that imported it after the install",
+    ),
+    Targeted(
+        "versions-package-info-fallback-dropped",
+        "backports/megatron/versions.py",
+        "        version = _version_from_package_info(package_dir)\n",
+        "        version = None\n",
+        MODULE_TESTS["versions.py"],
+        "a checkout first on sys.path is reported with the installed distribution's version",
+    ),
+    Targeted(
+        "versions-package-info-shadowing-ignored",
+        "backports/megatron/versions.py",
+        "own_dir in (None, package_dir)",
+        "True",
+        MODULE_TESTS["versions.py"],
+        "metadata wins even when the imported code is another tree",
+    ),
+    Targeted(
+        "vendored-always-returns-none",
+        "vendor/megatron_lm_7617/tilelang_dsa.py",
+        "    if _live_target().SparseMLA is None:\n",
+        "    return None\n    if _live_target().SparseMLA is None:\n",
+        [PROPERTY_TEST],
+        "the installed function declines every call (UPSTREAM.toml rehashed, so it installs)",
+        rehash=True,
+    ),
+    Targeted(
+        "verify-ranks-ignores-group",
+        "backports/megatron/ranks.py",
+        "    import torch.distributed as dist\n\n    if not",
+        "    import torch.distributed as dist\n\n    group = None\n    if not",
+        MODULE_TESTS["ranks.py"],
+        "verify_ranks compares over the default group whatever group it is given",
+    ),
+    Targeted(
+        "startup-trigger-imports-a-module",
+        "backports/megatron/_startup.py",
+        "import os\nimport sys\n",
+        'import os\nimport sys\n\n__import__("json")\n',
+        ["tests/test_activation.py"],
+        "every interpreter of the environment pays an import at start-up",
+    ),
+    Targeted(
+        "startup-trigger-ignores-the-switch",
+        "backports/megatron/_startup.py",
+        'os.environ.get("MEGATRON_BACKPORTS", "")',
+        'os.environ.get("MEGATRON_BACKPORTS" + "_", "")',
+        ["tests/test_activation.py"],
+        "the start-up trigger never reads MEGATRON_BACKPORTS (the name still appears)",
+    ),
+]
+
+
+# ---- the systematic mutator ------------------------------------------------------------
+
+_FLIP: dict[type[ast.cmpop], type[ast.cmpop]] = {
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.Lt: ast.GtE,
+    ast.GtE: ast.Lt,
+    ast.Gt: ast.LtE,
+    ast.LtE: ast.Gt,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+}
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Replace source lines ``[line, end_line]`` columns ``[col, end_col)`` with ``text``."""
+
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+    text: str
+    operator: str
+
+
+def _is_log_or_warning(node: ast.Expr | ast.Call) -> bool:
+    call = node.value if isinstance(node, ast.Expr) else node
+    if not isinstance(call, ast.Call):
+        return False
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        owner = func.value
+        if isinstance(owner, ast.Name) and owner.id in {"_LOG", "logging", "warnings", "_log"}:
+            return True
+    return False
+
+
+def _quiet_nodes(tree: ast.AST) -> set[int]:
+    """Ids of nodes a mutation should not touch: log calls, f-strings, docstrings,
+    annotations, ``__all__``."""
+    quiet: set[int] = set()
+
+    def mark(node: ast.AST) -> None:
+        for sub in ast.walk(node):
+            quiet.add(id(sub))
+
+    for node in ast.walk(tree):
+        log_call = isinstance(node, ast.Expr | ast.Call) and _is_log_or_warning(node)
+        if log_call or isinstance(node, ast.JoinedStr):
+            mark(node)
+        elif isinstance(node, ast.Raise):
+            mark(node)  # the message of an error; its condition is mutated at the `if`
+        elif isinstance(node, ast.AnnAssign | ast.arg) and node.annotation is not None:
+            mark(node.annotation)
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            for decorator in node.decorator_list:
+                mark(decorator)  # @dataclass(frozen=True): no test should see frozen=False
+            if isinstance(node, ast.FunctionDef) and node.returns is not None:
+                mark(node.returns)
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            mark(node)
+        if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                mark(first)
+    return quiet
+
+
+def _edit(node: ast.AST, text: str, operator: str) -> Edit:
+    return Edit(
+        node.lineno,  # type: ignore[attr-defined]
+        node.col_offset,  # type: ignore[attr-defined]
+        node.end_lineno,  # type: ignore[attr-defined]
+        node.end_col_offset,  # type: ignore[attr-defined]
+        text,
+        operator,
+    )
+
+
+def _mutations(tree: ast.AST) -> Iterator[Edit]:
+    quiet = _quiet_nodes(tree)
+    for node in ast.walk(tree):
+        if id(node) in quiet:
+            continue
+        if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _FLIP:
+            flipped = ast.Compare(node.left, [_FLIP[type(node.ops[0])]()], node.comparators)
+            yield _edit(node, f"({ast.unparse(flipped)})", "compare-flip")
+        elif isinstance(node, ast.BoolOp):
+            other = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+            yield _edit(node, f"({ast.unparse(ast.BoolOp(other, node.values))})", "and-or")
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            yield _edit(node, f"({ast.unparse(node.operand)})", "not-dropped")
+        elif isinstance(node, ast.If | ast.While) and not isinstance(
+            node.test, ast.Compare | ast.BoolOp | ast.UnaryOp
+        ):
+            yield _edit(node.test, f"(not {ast.unparse(node.test)})", "condition-negated")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, bool):
+            yield _edit(node, repr(not node.value), "bool-swap")
+        elif isinstance(node, ast.Constant) and type(node.value) is int:
+            yield _edit(node, repr(node.value + 1), "int-plus-one")
+        elif isinstance(node, ast.Return) and node.value is not None:
+            if not (isinstance(node.value, ast.Constant) and node.value.value is None):
+                yield _edit(node, "return None", "return-none")
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            yield _edit(node, "pass", "call-removed")
+
+
+def _apply_edit(source: str, edit: Edit) -> str:
+    lines = source.splitlines(keepends=True)
+    start = sum(len(line.encode()) for line in lines[: edit.line - 1])
+    end = sum(len(line.encode()) for line in lines[: edit.end_line - 1])
+    data = source.encode()
+    before = data[: start + edit.col].decode()
+    after = data[end + edit.end_col :].decode()
+    return before + edit.text + after
+
+
+def _snippet(source: str, edit: Edit) -> str:
+    lines = source.splitlines()
+    text = lines[edit.line - 1].strip()
+    return text if edit.line == edit.end_line else text + " ..."
+
+
+@dataclass
+class Mutant:
+    id: str
+    file: str
+    kind: str  # "targeted" or "systematic"
+    operator: str
+    line: int | None
+    original: str
+    mutated: str
+    tests: list[str]
+    what: str = ""
+    status: str = "not run"  # killed, survived, timeout, invalid
+    killed_by: str | None = None
+    seconds: float = 0.0
+    # Private: the whole mutated file text and whether UPSTREAM.toml is rehashed.
+    _text: str = field(default="", repr=False)
+    _rehash: bool = field(default=False, repr=False)
+
+
+def systematic_mutants(max_per_module: int) -> list[Mutant]:
+    mutants: list[Mutant] = []
+    for module, tests in MODULE_TESTS.items():
+        path = PACKAGE / module
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+        edits = sorted(_mutations(tree), key=lambda e: (e.line, e.col, e.operator))
+        valid: list[tuple[Edit, str]] = []
+        for edit in edits:
+            text = _apply_edit(source, edit)
+            try:
+                compile(text, str(path), "exec")
+            except SyntaxError:
+                continue
+            if text != source:
+                valid.append((edit, text))
+        # Evenly spread over the file: every k-th of the candidates.
+        step = max(1, -(-len(valid) // max_per_module))
+        for edit, text in valid[::step][:max_per_module]:
+            rel = path.relative_to(ROOT).as_posix()
+            mutants.append(
+                Mutant(
+                    id=f"{module}:{edit.line}:{edit.col}:{edit.operator}",
+                    file=rel,
+                    kind="systematic",
+                    operator=edit.operator,
+                    line=edit.line,
+                    original=_snippet(source, edit),
+                    mutated=_snippet(text, edit),
+                    tests=tests,
+                    _text=text,
+                )
+            )
+    return mutants
+
+
+def targeted_mutants() -> list[Mutant]:
+    mutants = []
+    for t in TARGETED:
+        source = (ROOT / t.file).read_text(encoding="utf-8")
+        count = source.count(t.old)
+        if count != 1:
+            raise SystemExit(f"targeted mutant {t.id}: {t.old!r} occurs {count} times in {t.file}")
+        line = source[: source.index(t.old)].count("\n") + 1
+        mutants.append(
+            Mutant(
+                id=t.id,
+                file=t.file,
+                kind="targeted",
+                operator="targeted",
+                line=line,
+                original=t.old.strip(),
+                mutated=t.new.strip() or "(line removed)",
+                tests=t.tests,
+                what=t.what,
+                _text=source.replace(t.old, t.new),
+                _rehash=t.rehash,
+            )
+        )
+    return mutants
+
+
+# ---- running ---------------------------------------------------------------------------
+
+
+def _drop_bytecode(path: Path) -> None:
+    for pyc in (path.parent / "__pycache__").glob(f"{path.stem}.*.pyc"):
+        pyc.unlink(missing_ok=True)
+
+
+def _rehashed_manifest(manifest: str, vendored_file: Path) -> str:
+    """UPSTREAM.toml with the sha256s a ``sync_upstream.py --rehash`` would write."""
+    sys.path.insert(0, str(ROOT))
+    from backports.megatron.vendored import python_files_digest
+
+    digest = hashlib.sha256(vendored_file.read_bytes()).hexdigest()
+    manifest = re.sub(r'(?m)^sha256 = "[0-9a-f]*"$', f'sha256 = "{digest}"', manifest)
+    files = python_files_digest(vendored_file.parent)
+    return re.sub(r'(?m)^files_sha256 = "[0-9a-f]*"$', f'files_sha256 = "{files}"', manifest)
+
+
+def _pytest(tests: list[str], timeout: float) -> tuple[str, str | None, float]:
+    """(status, first failing test, seconds) on the code as it is now."""
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    command = [sys.executable, "-m", "pytest", *PYTEST_ARGS, *tests]
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(
+            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return "timeout", None, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    if done.returncode == 0:
+        return "survived", None, seconds
+    failed = re.search(r"^(?:FAILED|ERROR) (\S+)", done.stdout, re.MULTILINE)
+    return "killed", failed.group(1) if failed else f"pytest exit {done.returncode}", seconds
+
+
+def run_mutant(mutant: Mutant, timeout: float) -> None:
+    path = ROOT / mutant.file
+    manifest = VENDOR / "UPSTREAM.toml"
+    saved = {path: path.read_bytes()}
+    if mutant._rehash:
+        saved[manifest] = manifest.read_bytes()
+    try:
+        path.write_text(mutant._text, encoding="utf-8")
+        _drop_bytecode(path)
+        if mutant._rehash:
+            manifest.write_text(
+                _rehashed_manifest(manifest.read_text(encoding="utf-8"), path), encoding="utf-8"
+            )
+        mutant.status, mutant.killed_by, mutant.seconds = _pytest(mutant.tests, timeout)
+    finally:
+        for file, data in saved.items():
+            file.write_bytes(data)
+            _drop_bytecode(file)
+
+
+def _clean_tree() -> None:
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "backports", "vendor"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    if dirty.strip():
+        raise SystemExit(f"backports/ or vendor/ has uncommitted changes:\n{dirty}")
+
+
+def _baseline(mutants: list[Mutant], timeout: float) -> None:
+    """Every test selection must pass on the real code, or a kill means nothing."""
+    for tests in sorted({tuple(m.tests) for m in mutants}):
+        status, failed, _ = _pytest(list(tests), timeout)
+        if status != "survived":
+            raise SystemExit(f"tests fail on the unmutated code ({status}: {failed}): {tests}")
+
+
+def _write_markdown(path: Path, result: dict[str, Any]) -> None:
+    lines = [
+        "# Mutation testing",
+        "",
+        f"Command: `{result['command']}`  ",
+        f"Pytest per mutant: `pytest {' '.join(PYTEST_ARGS)} <test files>`  ",
+        f"Git: `{result['git_head']}`",
+        "",
+        "| set | mutants | killed | survived |",
+        "| --- | --- | --- | --- |",
+    ]
+    for kind, counts in result["summary"].items():
+        lines.append(
+            f"| {kind} | {counts['mutants']} | {counts['killed']} | {counts['survived']} |"
+        )
+    lines += ["", "## Targeted", "", "| mutant | status | killed by | what it breaks |"]
+    lines.append("| --- | --- | --- | --- |")
+    for m in result["mutants"]:
+        if m["kind"] == "targeted":
+            lines.append(f"| `{m['id']}` | {m['status']} | `{m['killed_by']}` | {m['what']} |")
+    lines += ["", "## Systematic survivors", "", "| mutant | original | mutated |"]
+    lines.append("| --- | --- | --- |")
+    for m in result["mutants"]:
+        if m["kind"] == "systematic" and m["status"] == "survived":
+            original = m["original"].replace("|", "\\|")
+            mutated = m["mutated"].replace("|", "\\|")
+            lines.append(f"| `{m['id']}` | `{original}` | `{mutated}` |")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/mutation.json")
+    parser.add_argument("--max-per-module", type=int, default=15)
+    parser.add_argument("--only", choices=["targeted", "systematic", "all"], default="all")
+    parser.add_argument("--timeout", type=float, default=240.0)
+    args = parser.parse_args()
+
+    _clean_tree()
+    # SIGTERM and SIGINT (ignored by a shell's background job) behave as Ctrl-C: the
+    # `finally` in run_mutant puts the file back.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    mutants = []
+    if args.only in ("targeted", "all"):
+        mutants += targeted_mutants()
+    if args.only in ("systematic", "all"):
+        mutants += systematic_mutants(args.max_per_module)
+    _baseline(mutants, args.timeout)
+    start = time.perf_counter()
+    for number, mutant in enumerate(mutants, 1):
+        run_mutant(mutant, args.timeout)
+        print(
+            f"[{number}/{len(mutants)}] {mutant.status:8} {mutant.id} "
+            f"({mutant.seconds:.1f}s){' by ' + mutant.killed_by if mutant.killed_by else ''}",
+            flush=True,
+        )
+    _clean_tree()
+
+    summary: dict[str, dict[str, int]] = {}
+    for kind in ("targeted", "systematic", "all"):
+        chosen = [m for m in mutants if kind in ("all", m.kind)]
+        if chosen:
+            summary[kind] = {
+                "mutants": len(chosen),
+                "killed": sum(m.status in ("killed", "timeout") for m in chosen),
+                "survived": sum(m.status == "survived" for m in chosen),
+            }
+    head = subprocess.run(
+        ["git", "log", "-1", "--format=%h %s"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    result = {
+        "command": "python benchmarks/mutation.py " + " ".join(sys.argv[1:]),
+        "pytest_args": PYTEST_ARGS,
+        "module_tests": MODULE_TESTS,
+        "git_head": head,
+        "python": platform.python_version(),
+        "seconds": round(time.perf_counter() - start, 1),
+        "summary": summary,
+        "mutants": [{k: v for k, v in asdict(m).items() if not k.startswith("_")} for m in mutants],
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    _write_markdown(args.out.with_suffix(".md"), result)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
