@@ -6,8 +6,9 @@ so that its workers are new interpreters of that venv, as in a user's job. Three
 - ``setup-hook``: no hook, ``ray.init(runtime_env={"worker_process_setup_hook":
   "backports.megatron.apply"})``: Ray calls ``apply()`` with no arguments in each worker;
 - ``neither``: the control; the workers import megatron unpatched.
-In each, one actor runs with ``MEGATRON_BACKPORTS=0`` (a per-actor ``runtime_env``), and
-``verify_actors`` must tell the driver that it differs. ``verify_sets`` alone: the top tests.
+Two actors have a ``runtime_env`` of their own, merged with the job's: one with
+``MEGATRON_BACKPORTS=1`` (it must keep the setup hook), one with ``MEGATRON_BACKPORTS=0``,
+which ``verify_actors`` must tell the driver differs. ``verify_sets`` alone: the top tests.
 """
 
 import hashlib
@@ -66,6 +67,7 @@ _DRIVER = """\
     import ray
 
     from backports.megatron import BackportError
+    from backports.megatron.ranks import installed_backports
     from backports.megatron.ray_workers import verify_actors
 
     TARGET = "{target}"
@@ -76,6 +78,10 @@ _DRIVER = """\
 
         target = importlib.import_module(TARGET)
         return getattr(target.fused_sparse_mla_absorbed, "__backport__", None)
+
+
+    def patched_and_set():
+        return patched(), installed_backports()
 
 
     @ray.remote(num_cpus=0)  # two CPUs: the actors must not wait for the task
@@ -96,11 +102,14 @@ _DRIVER = """\
         runtime_env=setup_hook if sys.argv[1] == "setup-hook" else None,
     )
     try:
-        task = ray.remote(num_cpus=1)(patched).remote()
-        off = {{"env_vars": {{"MEGATRON_BACKPORTS": "0"}}}}  # merged with the job's runtime_env
-        actors = [Trainer.remote(), Trainer.remote(), Trainer.options(runtime_env=off).remote()]
+        task = ray.remote(num_cpus=1)(patched_and_set).remote()
+        # An actor's runtime_env is merged with the job's: the second keeps the setup hook.
+        on, off = ({{"env_vars": {{"MEGATRON_BACKPORTS": value}}}} for value in ("1", "0"))
+        actors = [Trainer.remote(), *(Trainer.options(runtime_env=e).remote() for e in (on, off))]
+        task_patched, task_set = ray.get(task, timeout=300)
         result = {{
-            "task": ray.get(task, timeout=300),
+            "task": task_patched,
+            "task_set": task_set,
             "actors": ray.get([actor.which.remote() for actor in actors], timeout=300),
             "agree": verify_actors(actors[:2]),
         }}
@@ -141,9 +150,11 @@ def test_ray_task_and_actors_import_megatron_patched(venv, mode, tmp_path):
     finally:
         venv.run(["backports", "revert"])
     if mode == "neither":  # without the hook or Ray's setup hook, nothing reaches a worker
-        assert result == {"task": None, "actors": [None] * 3, "agree": {}, "all": {}}
+        expected = {"task": None, "task_set": {}, "actors": [None] * 3, "agree": {}, "all": {}}
+        assert result == expected
         return
     assert result["task"] == BACKPORT_ID
+    assert result["task_set"] == {BACKPORT_ID: VENDORED_SHA}
     assert result["actors"] == [BACKPORT_ID, BACKPORT_ID, None]  # the third: MEGATRON_BACKPORTS=0
     assert result["agree"] == {BACKPORT_ID: VENDORED_SHA}
     assert "all" not in result
