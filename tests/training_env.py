@@ -97,16 +97,20 @@ def _purelib(python: Path) -> Path:
     return Path(out.stdout.strip())
 
 
+def _base_paths() -> list[str]:
+    """This interpreter's site-packages, and the package folders its own ``.pth`` lines add
+    (a venv layered on another venv's packages through a path line, as a worktree's is)."""
+    paths = sysconfig.get_paths()
+    added = [p for p in sys.path if Path(p).name == "site-packages" and Path(p).is_dir()]
+    return list(dict.fromkeys([paths["purelib"], paths["platlib"], *added]))
+
+
 def create(root: Path, *, install: bool = True) -> TrainingEnv:
     """A venv at ``root`` seeing this environment's packages, with this repo installed."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     python = root / "bin" / "python"
     site_packages = _purelib(python)
-    # This environment's site-packages, and those its own .pth path lines add (a light
-    # venv layered over another one): path lines only, so their .pth files stay out.
-    here = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    layered = [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)]
-    base = dict.fromkeys([*here, *layered])
+    base = dict.fromkeys(_base_paths())
     (site_packages / "_base_environment.pth").write_text("\n".join(base) + "\n")
     env = TrainingEnv(root, python, site_packages)
     if install:

@@ -1,6 +1,7 @@
 """Which process of a distributed job this is, and whether all of them run the same backports."""
 
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .catalog import entries
@@ -8,7 +9,7 @@ from .errors import BackportError
 from .patcher import installed
 from .vendored import check_integrity, read_upstream
 
-__all__ = ["installed_backports", "is_rank_zero", "verify_ranks"]
+__all__ = ["disagreement", "installed_backports", "is_rank_zero", "verify_ranks"]
 
 
 def is_rank_zero() -> bool:
@@ -33,11 +34,11 @@ def installed_backports() -> dict[str, str]:
     }
 
 
-def _describe(backports: dict[str, str]) -> str:
+def _describe(backports: Mapping[str, str]) -> str:
     return ", ".join(f"{bid} ({sha[:12]})" for bid, sha in sorted(backports.items())) or "none"
 
 
-def _rank_list(ranks: list[int]) -> str:
+def _rank_list(ranks: Sequence[int], noun: str = "rank") -> str:
     """[0, 1, 2, 5] -> "ranks 0-2,5"."""
     spans: list[list[int]] = []
     for rank in ranks:
@@ -46,7 +47,26 @@ def _rank_list(ranks: list[int]) -> str:
         else:
             spans.append([rank])
     text = ",".join(f"{s[0]}-{s[-1]}" if len(s) > 1 else f"{s[0]}" for s in spans)
-    return f"rank{'s' if len(ranks) > 1 else ''} {text}"
+    return f"{noun}{'s' if len(ranks) > 1 else ''} {text}"
+
+
+def disagreement(
+    labels: Sequence[int], sets: Sequence[Mapping[str, str]], noun: str = "rank"
+) -> str | None:
+    """None when every process runs the first one's set; else which differ and what each runs.
+
+    ``sets[i]`` is what ``installed_backports()`` returned in the process ``labels[i]``
+    (a rank, or an index into a list of Ray actors).
+    """
+    differing = [label for label, seen in zip(labels, sets, strict=True) if seen != sets[0]]
+    if not differing:
+        return None
+    by_set: dict[str, list[int]] = {}
+    for label, seen in zip(labels, sets, strict=True):
+        by_set.setdefault(_describe(seen), []).append(label)
+    found = "; ".join(f"{_rank_list(ls, noun)}: {text}" for text, ls in by_set.items())
+    head = f"differing from {noun} {labels[0]}: {_rank_list(differing, noun)}."
+    return f"{head} Per {noun}: {found}."
 
 
 def verify_ranks(group: Any = None) -> dict[str, str]:
@@ -65,16 +85,11 @@ def verify_ranks(group: Any = None) -> dict[str, str]:
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, mine, group=group)
     ranks = [i if group is None else dist.get_global_rank(group, i) for i in range(len(gathered))]
-    differing = [rank for rank, seen in zip(ranks, gathered, strict=True) if seen != gathered[0]]
-    if differing:
-        by_set: dict[str, list[int]] = {}
-        for rank, seen in zip(ranks, gathered, strict=True):
-            by_set.setdefault(_describe(seen), []).append(rank)
-        found = "; ".join(f"{_rank_list(r)}: {text}" for text, r in by_set.items())
+    found = disagreement(ranks, gathered)
+    if found is not None:
         raise BackportError(
-            f"megatron-backports differ across ranks; differing from rank {ranks[0]}: "
-            f"{_rank_list(differing)}. Per rank: {found}. Ranks running different code hang or "
-            "diverge; "
+            f"megatron-backports differ across ranks; {found} Ranks running different code "
+            "hang or diverge; "
             "apply the same backports on every rank (same MEGATRON_BACKPORTS* variables, "
             "the same environment, `backports apply` on every node)."
         )
