@@ -195,6 +195,37 @@ def test_torchrun_skip_warns_once_for_the_whole_job(disposable_venv, tmp_path):
     assert "megatron-lm-7617 not applied (incompatible)" in output
 
 
+_SPAWN_FOUR = """\
+    import multiprocessing as mp
+
+    def child():
+        import megatron  # the hook applies here, as in the parent
+
+    if __name__ == "__main__":
+        import megatron  # the parent's warning
+        context = mp.get_context("spawn")
+        children = [context.Process(target=child) for _ in range(4)]
+        for process in children:
+            process.start()
+        for process in children:
+            process.join()
+        assert [p.exitcode for p in children] == [0] * 4
+"""
+
+
+def test_spawn_children_of_a_process_that_warned_stay_quiet(disposable_venv, tmp_path):
+    venv = disposable_venv
+    _ok(venv.run(["backports", "apply"]))
+    # Every process of the job finds the backport incompatible at megatron's first import.
+    vendored = next(venv.site_packages.glob("backports/megatron/_vendor/*/tilelang_dsa.py"))
+    vendored.write_text(vendored.read_text() + "# edited\n")
+    done = venv.run(["python", str(_script(tmp_path, "spawn4.py", _SPAWN_FOUR))])
+    _ok(done)
+    # One warning for the job (it was 5: the parent and each of its 4 spawn children).
+    assert done.stderr.count("BackportWarning") == 1, done.stderr
+    assert done.stderr.count("megatron-lm-7617 not applied (incompatible)") == 1
+
+
 def test_leftover_hook_after_uninstall_is_silent(disposable_venv):
     venv = disposable_venv
     _ok(venv.run(["backports", "apply"]))

@@ -110,6 +110,13 @@ def test_a_bad_value_warns_once_in_the_api_and_keeps_the_backports_on(
     assert len(bad) == 1 and bad[0].category is BackportWarning
 
 
+def test_a_bad_value_a_parent_process_warned_about_stays_quiet(monkeypatch) -> None:
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SAID", "MEGATRON_BACKPORTS=0%2C1")
+    assert _read("MEGATRON_BACKPORTS", "0,1", True) == (True, [])
+    # The same variable with another bad value is another mistake: it warns.
+    assert len(_read("MEGATRON_BACKPORTS", "nope", True)[1]) == 1
+
+
 @pytest.mark.parametrize("value", ["true", "ON", " yes "])
 def test_upstream_only_takes_the_same_spellings(monkeypatch, tilelang_dsa, value: str) -> None:
     monkeypatch.setenv("MEGATRON_BACKPORTS_UPSTREAM_ONLY", value)

@@ -95,7 +95,11 @@ def create(root: Path, *, install: bool = True) -> TrainingEnv:
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     python = root / "bin" / "python"
     site_packages = _purelib(python)
-    base = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    # This interpreter's site-packages, and those its own .pth path lines add (a light venv
+    # that sees a main venv's torch and megatron-core through one).
+    paths = sysconfig.get_paths()
+    extra = [p for p in sys.path if p.endswith("site-packages") and os.path.isdir(p)]
+    base = dict.fromkeys([paths["purelib"], paths["platlib"], *extra])
     (site_packages / "_base_environment.pth").write_text("\n".join(base) + "\n")
     env = TrainingEnv(root, python, site_packages)
     if install:

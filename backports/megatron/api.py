@@ -10,12 +10,11 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
-from . import patcher, post_import, switches
+from . import once_per_job, patcher, post_import, switches
 from .catalog import BackportSpec, select
 from .errors import BackportError, BackportWarning
 from .local_changes import wrap_all
 from .probe import ProbeResult, probe, probe_without_import
-from .ranks import is_rank_zero
 from .report import Action, Report, Verdict
 from .targets import find_loaded_target
 from .vendored import load_replacement
@@ -48,7 +47,7 @@ def disabled_reason(spec: BackportSpec) -> str | None:
 
 
 def _announce(report: Report) -> None:
-    """One BackportWarning per backport and verdict per process, from rank 0 only."""
+    """One BackportWarning per backport and verdict per job (see ``once_per_job``)."""
     if report.action is Action.INSTALLED:
         _LOG.info("installed %s: %s", report.id, report.reason)
         return
@@ -59,10 +58,11 @@ def _announce(report: Report) -> None:
         return
     _warned.add(key)
     message = f"megatron-backports: {report.id} not applied ({report.verdict}): {report.reason}"
-    if is_rank_zero():
+    # Rank 0 only, and not again in the workers and spawn children of a process that warned.
+    if once_per_job.claim(f"{report.id}:{report.verdict}"):
         warnings.warn(message, BackportWarning, stacklevel=5)  # the caller of apply()
     else:
-        _LOG.debug("%s", message)
+        _LOG.debug("%s (said once per job: by rank 0, or by a parent process)", message)
 
 
 def upstream_only_requested(upstream_only: bool | None = None) -> bool:
@@ -246,6 +246,7 @@ def revert(only: str | Iterable[str] | None = None) -> list[Report]:
             last = _last.pop(spec.id, None)
             # A later apply() is a new decision and may warn again.
             _warned.difference_update({key for key in _warned if key[0] == spec.id})
+            once_per_job.release(f"{spec.id}:")
             verdict = last.verdict if last else Verdict.NEEDED
             if removed is not None:
                 where = ", ".join(f"{m}.{a}" for m, a in removed.sites)
