@@ -226,6 +226,33 @@ def test_spawn_children_of_a_process_that_warned_stay_quiet(disposable_venv, tmp
     assert done.stderr.count("megatron-lm-7617 not applied (incompatible)") == 1
 
 
+def _break_activation_module(venv) -> None:
+    """A half-upgraded or corrupted install: one of our modules no longer compiles."""
+    activation = venv.site_packages / "backports" / "megatron" / "activation.py"
+    activation.write_text("def (\n" + activation.read_text())
+
+
+def test_corrupted_install_is_said_in_one_line_and_megatron_imports(disposable_venv):
+    venv = disposable_venv
+    _ok(venv.run(["backports", "apply"]))
+    _break_activation_module(venv)
+    done = venv.run(["python", "-c", PATCHED])
+    assert _patched(done) == ["None"]  # megatron imported, without the backport
+    ours = [line for line in done.stderr.splitlines() if "megatron-backports" in line]
+    assert len(ours) == 1 and "SyntaxError" in ours[0], done.stderr
+    assert "Traceback" not in done.stderr
+    done = venv.run(["python", "-c", "pass"])  # megatron never imported: nothing to say
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_corrupted_install_fails_the_import_under_strict(disposable_venv):
+    venv = disposable_venv
+    _ok(venv.run(["backports", "apply", "--strict"]))
+    _break_activation_module(venv)
+    done = venv.run(["python", "-c", PATCHED])
+    assert done.returncode != 0 and "SyntaxError" in done.stderr
+
+
 def test_leftover_hook_after_uninstall_is_silent(disposable_venv):
     venv = disposable_venv
     _ok(venv.run(["backports", "apply"]))

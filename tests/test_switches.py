@@ -6,7 +6,8 @@ import warnings
 
 import pytest
 
-from backports.megatron import BackportWarning, _startup, activation, api, apply, status, switches
+import backports.megatron
+from backports.megatron import BackportWarning, activation, api, apply, status, switches
 from backports.megatron.report import Action, Verdict
 from tests.conftest import BACKPORT_ID
 
@@ -127,14 +128,14 @@ def test_upstream_only_takes_the_same_spellings(monkeypatch, tilelang_dsa, value
 
 @pytest.mark.parametrize("value", [*OFF, *ON, *NOT_A_SWITCH, ""])
 def test_the_start_up_trigger_agrees(monkeypatch, value: str) -> None:
-    """_startup.py spells the off values out (it imports nothing of ours): same answers."""
+    """The start-up trigger spells the off values out (it imports nothing of ours): same answers."""
     monkeypatch.setenv("MEGATRON_BACKPORTS", value)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", BackportWarning)
         expected = switches.enabled()
     before = list(sys.meta_path)
     try:
-        trigger = _startup.install(("package_that_is_never_imported",), {})
+        trigger = backports.megatron._start_up(("package_that_is_never_imported",), {})
         assert (trigger is not None) == expected
     finally:
         activation.deactivate()

@@ -23,7 +23,14 @@ TILELANG_DSA = "megatron.core.transformer.experimental_attention_variant.ops.til
 HOOK_FILE = "megatron_backports_startup.pth"
 
 # Variables that would change what the child does behind the test's back.
-_SCRUBBED = ("PYTHONPATH", "MEGATRON_BACKPORTS", "MEGATRON_BACKPORTS_SKIP", "RANK", "LOCAL_RANK")
+_SCRUBBED = (
+    "PYTHONPATH",
+    "MEGATRON_BACKPORTS",
+    "MEGATRON_BACKPORTS_SKIP",
+    "MEGATRON_BACKPORTS_SAID",
+    "RANK",
+    "LOCAL_RANK",
+)
 
 
 def _copy_source(into: Path) -> Path:

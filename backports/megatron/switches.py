@@ -8,7 +8,7 @@ silently (``MEGATRON_BACKPORTS=disable`` would otherwise leave the backports on)
 ``MEGATRON_BACKPORTS_SKIP`` is a comma-separated list of backport ids.
 
 Stdlib and ``errors`` only: the api, the CLI and ``audit`` read the switches through here.
-(The start-up trigger, ``_startup.py``, imports nothing of ours and spells ``FALSE`` out;
+(The start-up trigger, in ``__init__.py``, imports nothing of ours and spells ``FALSE`` out;
 ``tests/test_switches.py`` keeps the two in step.)
 """
 
