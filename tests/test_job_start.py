@@ -8,12 +8,13 @@ fresh ``python -c`` processes, ``multiprocessing`` spawn children and two torchr
 
 import json
 import re
+import shutil
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests import training_env
+from tests import standins, training_env
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
 
 pytestmark = pytest.mark.slow
@@ -251,6 +252,51 @@ def test_corrupted_install_fails_the_import_under_strict(disposable_venv):
     _break_activation_module(venv)
     done = venv.run(["python", "-c", PATCHED])
     assert done.returncode != 0 and "SyntaxError" in done.stderr
+
+
+_CACHE_STATE = f"""\
+import json
+import {TILELANG_DSA} as target
+from backports.megatron.api import last_report
+
+report = last_report("{BACKPORT_ID}")
+print("patched:", getattr(target.fused_sparse_mla_absorbed, "__backport__", None))
+print("verdict:", report.verdict, "cache:", json.dumps(report.evidence.get("cache")))
+"""
+
+
+def _own_megatron_core(venv) -> Path:
+    """A copy of megatron-core 0.19.2 in the venv itself (first on its path), to edit."""
+    import importlib.metadata
+
+    import megatron.core
+
+    site = Path(megatron.core.__file__).parents[2]
+    shutil.copytree(site / "megatron", venv.site_packages / "megatron")
+    dist = importlib.metadata.distribution("megatron-core")
+    info = next(site.glob(f"megatron_core-{dist.version}.dist-info"))
+    shutil.copytree(info, venv.site_packages / info.name)
+    return venv.site_packages / (TILELANG_DSA.replace(".", "/") + ".py")
+
+
+def test_workers_reuse_the_verdict_until_the_installed_target_changes(disposable_venv):
+    venv = disposable_venv
+    target = _own_megatron_core(venv)
+    _ok(venv.run(["backports", "apply"]))  # probes, and keeps the verdict in the venv
+    kept = venv.root / "var" / "cache" / "megatron-backports" / f"{BACKPORT_ID}.json"
+    assert json.loads(kept.read_text())["verdict"] == "needed"
+    worker = _ok(venv.run(["python", "-c", _CACHE_STATE]))
+    assert f"patched: {BACKPORT_ID}" in worker
+    assert f'verdict: needed cache: {{"hit": true, "file": "{kept}"}}' in worker
+
+    # An upgrade in place, or a hand edit: the installed function now has the fix.
+    fixed = standins._SOURCE.split("def topk_padding_only")[0]
+    fixed = fixed.replace("def fixed_upstream(", "def fused_sparse_mla_absorbed(")
+    target.write_text(target.read_text() + "\n\n" + fixed)
+    worker = _ok(venv.run(["python", "-c", _CACHE_STATE]))
+    assert "patched: None" in worker  # probed again: a stale verdict would have patched it
+    assert f'verdict: upstream cache: {{"hit": false, "file": "{kept}"}}' in worker
+    assert json.loads(kept.read_text())["verdict"] == "upstream"
 
 
 def test_leftover_hook_after_uninstall_is_silent(disposable_venv):

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
-from . import once_per_job, patcher, post_import, switches
+from . import once_per_job, patcher, post_import, switches, verdict_cache
 from .catalog import BackportSpec, select
 from .errors import BackportError, BackportWarning
 from .local_changes import wrap_all
@@ -118,6 +118,32 @@ def _finish(spec: BackportSpec, result: ProbeResult, upstream_only: bool) -> Rep
     return report
 
 
+def _probe_with_cache(spec: BackportSpec) -> ProbeResult:
+    """``probe(spec)``, or the verdict a process of this environment proved for the very same
+    files and code (``verdict_cache``); a verdict probed here is kept for the next process."""
+    if not verdict_cache.enabled():
+        return probe(spec)
+    try:
+        key = verdict_cache.fingerprint(spec)
+        hit = None if key is None else verdict_cache.load(spec, key)
+        target = find_loaded_target(spec.target, spec.id)
+    except Exception as exc:  # an optimisation only: never a reason to fail or to skip
+        _LOG.debug("verdict cache not used for %s: %r", spec.id, exc)
+        key, hit, target = None, None, None
+    if hit is not None and target is not None:
+        stored, path = hit
+        evidence = {**stored["evidence"], "cache": {"hit": True, "file": str(path)}}
+        return ProbeResult(Verdict(stored["verdict"]), stored["reason"], evidence, target)
+    result = probe(spec)
+    # Kept only if the probe judged the function the key describes (it may import a module
+    # of a newer layout that the key did not see).
+    judged = None if result.target is None else result.target.original
+    if key is not None and target is not None and judged is target.original:
+        kept = verdict_cache.store(spec, key, str(result.verdict), result.reason, result.evidence)
+        result.evidence["cache"] = {"hit": False, "file": None if kept is None else str(kept)}
+    return result
+
+
 def _hook_key(spec: BackportSpec) -> str:
     return f"backports.megatron:{spec.id}"
 
@@ -147,7 +173,7 @@ def _on_target_import(
         with patcher.lock():
             if patcher.installed(spec.id) is not None:
                 return
-            report = _finish(spec, probe(spec), upstream_only)
+            report = _finish(spec, _probe_with_cache(spec), upstream_only)
         if strict and report.verdict is Verdict.INCOMPATIBLE:
             raise _StrictFailure(f"{spec.id} is incompatible: {report.reason}")
 
@@ -184,7 +210,7 @@ def _apply_one(spec: BackportSpec, strict: bool, upstream_only: bool) -> Report:
         )
         evidence = {**early.evidence, **mode_evidence(spec, upstream_only)}
         return Report(spec.id, Verdict.NEEDED, Action.DEFERRED, reason, evidence)
-    report = _finish(spec, probe(spec), upstream_only)
+    report = _finish(spec, _probe_with_cache(spec), upstream_only)
     if report.action is Action.INSTALLED:
         _watch_target(spec, strict, upstream_only)
     return report

@@ -81,16 +81,20 @@ def _version_from_package_info(package_dir: Path) -> Version | None:
 
 
 def _distribution_package_dir(distribution: str) -> Path | None:
-    """Where the distribution's own ``megatron/core`` files are (None for an editable
-    install or one that lists no files)."""
+    """Where the distribution's own ``megatron/core`` files are (None for an editable install,
+    whose files are elsewhere).
+
+    ``locate_file`` rather than the ``files`` list: that parses every row of RECORD (~2,000
+    for megatron-core, ~30 ms), and this runs in every process that imports megatron.
+    """
     try:
-        files = importlib.metadata.distribution(distribution).files or []
+        found = importlib.metadata.distribution(distribution).locate_file(
+            "megatron/core/__init__.py"
+        )
     except importlib.metadata.PackageNotFoundError:
         return None
-    for file in files:
-        if file.as_posix() == "megatron/core/__init__.py":
-            return Path(str(file.locate())).resolve().parent
-    return None
+    path = Path(str(found))
+    return path.resolve().parent if path.is_file() else None
 
 
 def installed_version(distribution: str) -> InstalledVersion:
