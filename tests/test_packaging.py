@@ -71,7 +71,10 @@ def test_plain_install_finds_the_vendored_code(wheel, tmp_path):
     # -S: no site-packages .pth files, so the development install's editable finder cannot
     # fill in what the wheel lacks; the venv's packages are still importable by path.
     site_packages = sysconfig.get_paths()["purelib"]
-    out = _run("-S", "-c", script, cwd=tmp_path, env=_isolated_env(target, site_packages))
+    # And those this interpreter's .pth path lines add (a light venv over a main venv).
+    extra = [p for p in sys.path if p.endswith("site-packages") and p != site_packages]
+    env = _isolated_env(target, site_packages, *extra)
+    out = _run("-S", "-c", script, cwd=tmp_path, env=env)
     assert len(out.strip()) == 64
 
 
