@@ -183,6 +183,18 @@ def test_fire_never_breaks_the_import_unless_strict(monkeypatch, caplog):
         activation.fire({"strict": True, "only": None})
 
 
+def test_fire_says_a_failure_once_per_job(monkeypatch, caplog):
+    def broken(only, strict):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(api, "apply", broken)
+    with caplog.at_level(logging.DEBUG, logger="backports.megatron"):
+        activation.fire({"strict": False, "only": None})
+        activation.fire({"strict": False, "only": None})  # a child: the parent's environment
+    levels = [r.levelno for r in caplog.records if "job-start apply() failed" in r.getMessage()]
+    assert levels == [logging.ERROR, logging.DEBUG]
+
+
 def test_write_read_remove_are_idempotent(tmp_path):
     state, changed = activation.write_hook(tmp_path)
     assert changed and state.exists and state.current

@@ -63,7 +63,14 @@ def fire(config: dict[str, Any]) -> None:
     except Exception as exc:
         if strict:
             raise
-        _LOG.error("megatron-backports: job-start apply() failed: %r", exc)
+        from .once_per_job import claim
+
+        said = claim("start-up-apply-failed")  # once per job, as the warnings are
+        _LOG.log(
+            logging.ERROR if said else logging.DEBUG,
+            "megatron-backports: job-start apply() failed: %r",
+            exc,
+        )
 
 
 def triggers() -> list[Any]:
