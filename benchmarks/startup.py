@@ -88,20 +88,21 @@ for name in json.loads(sys.argv[1]):
         __import__(name)
     except Exception:
         pass  # a module that imports only in its package's context: imported there anyway
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 import {TILELANG_DSA} as target
-elapsed = time.perf_counter() - start
-print(json.dumps([elapsed, getattr(target.fused_sparse_mla_absorbed, "__backport__", None)]))
+elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
+print(json.dumps([elapsed, cpu, getattr(target.fused_sparse_mla_absorbed, "__backport__", None)]))
 """
 
 
-def _time_pass(env: TrainingEnv) -> float:
-    start = time.perf_counter()
+def _time_pass(env: TrainingEnv) -> tuple[float, float]:
+    """Wall and CPU (user + system) seconds of one ``python -c pass``."""
+    start, cpu = time.perf_counter(), _cpu_of_children()
     subprocess.run([str(env.python), "-c", "pass"], env=env.env(), check=True)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, _cpu_of_children() - cpu
 
 
-def startup_rounds(env: TrainingEnv, runs: int) -> dict[str, list[float]]:
+def startup_rounds(env: TrainingEnv, runs: int) -> dict[str, list[tuple[float, float]]]:
     hook_text = env.hook.read_text()
     other = env.site_packages / "zz_other_for_benchmark.pth"
 
@@ -115,7 +116,7 @@ def startup_rounds(env: TrainingEnv, runs: int) -> dict[str, list[float]]:
         "import_line_pth": lambda: only("import sys\n", hook=False),
         "hook": lambda: only(None, hook=True),
     }
-    times: dict[str, list[float]] = {name: [] for name in variants}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     for name in variants:  # warm the page cache and the .pyc files
         variants[name]()
         _time_pass(env)
@@ -129,7 +130,7 @@ def startup_rounds(env: TrainingEnv, runs: int) -> dict[str, list[float]]:
     return times
 
 
-def hook_rounds(env: TrainingEnv, runs: int) -> dict[str, list[float]]:
+def hook_rounds(env: TrainingEnv, runs: int) -> dict[str, list[tuple[float, float]]]:
     """Seconds of ``import <target>`` after everything it loads anyway, three ways."""
     hook_text = env.hook.read_text()
     env.hook.unlink()
@@ -142,7 +143,7 @@ def hook_rounds(env: TrainingEnv, runs: int) -> dict[str, list[float]]:
         "hook": (True, {}, "megatron-lm-7617"),
         "hook_cache_off": (True, {"MEGATRON_BACKPORTS_CACHE": "0"}, "megatron-lm-7617"),
     }
-    times: dict[str, list[float]] = {name: [] for name in variants}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     for _ in range(runs):
         for name in random.sample(list(variants), len(variants)):
             hook, extra, patched = variants[name]
@@ -150,10 +151,10 @@ def hook_rounds(env: TrainingEnv, runs: int) -> dict[str, list[float]]:
             done = env.run(["python", "-c", _TIMED_IMPORT, shared], extra_env=extra)
             if done.returncode != 0:
                 raise RuntimeError(done.stderr)
-            elapsed, seen = json.loads(done.stdout.strip().splitlines()[-1])
+            elapsed, cpu, seen = json.loads(done.stdout.strip().splitlines()[-1])
             if seen != patched:
                 raise RuntimeError(f"{name}: the target is {seen!r}, expected {patched!r}")
-            times[name].append(elapsed)
+            times[name].append((elapsed, cpu))
     env.hook.write_text(hook_text)
     return times
 
@@ -217,11 +218,19 @@ def main() -> int:
         imports = import_rounds(env, args.import_runs) if args.import_runs else None
         timing = apply_timing(env, args.apply_runs)
 
-    medians = {name: statistics.median(values) for name, values in times.items()}
-    base = medians["no_hook"]
+    medians = {name: statistics.median(w for w, _ in values) for name, values in times.items()}
+    cpu_medians = {name: statistics.median(c for _, c in values) for name, values in times.items()}
+    base, cpu_base = medians["no_hook"], cpu_medians["no_hook"]
     after_import: list[float] = timing["probe_apply_after_import_s"]
     cached: list[float] = timing["cached_apply_after_import_s"]
-    hook_medians = {name: statistics.median(values) for name, values in hook_times.items()}
+    hook_figures: dict[str, Any] = {"runs": args.hook_runs}
+    for index, kind in enumerate(("wall", "cpu")):
+        median = {n: statistics.median(v[index] for v in vs) for n, vs in hook_times.items()}
+        hook_figures[kind] = {
+            **{name: round(value * 1e3, 1) for name, value in median.items()},
+            "hook_adds": round((median["hook"] - median["no_hook"]) * 1e3, 1),
+            "hook_cache_off_adds": round((median["hook_cache_off"] - median["no_hook"]) * 1e3, 1),
+        }
     trigger = {
         "import_api": round(timing["import_api_s"] * 1e3, 2),
         "apply_before_megatron": round(timing["apply_before_megatron_s"] * 1e3, 2),
@@ -233,6 +242,9 @@ def main() -> int:
         "runs": args.runs,
         "python_c_pass_median_ms": {k: round(v * 1e3, 3) for k, v in medians.items()},
         "ratio_to_no_hook": {k: round(v / base, 4) for k, v in medians.items()},
+        # CPU time (user + system) of the child: steadier than wall time on a shared machine.
+        "python_c_pass_cpu_median_ms": {k: round(v * 1e3, 3) for k, v in cpu_medians.items()},
+        "cpu_ratio_to_no_hook": {k: round(v / cpu_base, 4) for k, v in cpu_medians.items()},
         "megatron_import_s": round(timing["megatron_import_s"], 3),
         "probe_apply_after_import_ms": {
             "first": round(after_import[0] * 1e3, 2),
@@ -244,14 +256,7 @@ def main() -> int:
             "median": round(statistics.median(cached) * 1e3, 2),
             "runs": len(cached),
         },
-        "target_import_after_shared_modules_median_ms": {
-            "runs": args.hook_runs,
-            **{name: round(value * 1e3, 1) for name, value in hook_medians.items()},
-            "hook_adds": round((hook_medians["hook"] - hook_medians["no_hook"]) * 1e3, 1),
-            "hook_cache_off_adds": round(
-                (hook_medians["hook_cache_off"] - hook_medians["no_hook"]) * 1e3, 1
-            ),
-        },
+        "target_import_after_shared_modules_median_ms": hook_figures,
     }
     if imports is not None:
         figures: dict[str, Any] = {"runs": args.import_runs}
@@ -267,7 +272,11 @@ def main() -> int:
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"python -c pass, median of {args.runs} interleaved runs each:")
     for name, value in medians.items():
-        print(f"  {name:16s} {value * 1e3:8.2f} ms   x{value / base:.3f}")
+        cpu = cpu_medians[name]
+        print(
+            f"  {name:16s} {value * 1e3:8.2f} ms   x{value / base:.3f}   "
+            f"cpu {cpu * 1e3:8.2f} ms   x{cpu / cpu_base:.3f}"
+        )
     print(f"megatron target import: {result['megatron_import_s']} s")
     print(f"probe + apply after import: {result['probe_apply_after_import_ms']}")
     print(f"trigger at megatron's first import: {result['trigger_at_megatron_import_ms']}")
