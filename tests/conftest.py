@@ -34,6 +34,11 @@ def _no_backport_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv("MEGATRON_BACKPORTS_SKIP", raising=False)
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
+    # Warnings an earlier test gave would silence this test's as a parent's would a child's.
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SAID", "")
+    # Tests swap functions and sniffs in memory; the verdict cache has its own tests.
+    monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE", "0")
+    monkeypatch.delenv("MEGATRON_BACKPORTS_SAID")
     revert()
     yield
     revert()

@@ -1,17 +1,22 @@
 """The start-up hook file and its trigger, in this process (subprocess tests: test_job_start)."""
 
 import ast
+import importlib.abc
 import io
 import logging
 import subprocess
 import sys
 from contextlib import redirect_stderr
+from pathlib import Path
 
 import pytest
 
+import backports.megatron
 from backports.megatron import BackportError, activation, api
 from backports.megatron.catalog import CATALOG
 from tests.conftest import BACKPORT_ID
+
+PACKAGE_INIT = Path(activation.__file__).with_name("__init__.py")
 
 
 def _hook_line(text: str) -> str:
@@ -94,25 +99,87 @@ def test_running_the_hook_twice_keeps_one_trigger(fired):
     assert len(activation.triggers()) == 1
 
 
-def test_trigger_after_the_package_is_gone_is_silent(fired, monkeypatch):
+def test_hook_line_is_one_short_readable_import():
+    """No payload a reviewer cannot read: one guarded import of our package."""
+    line = _hook_line(activation.hook_text(strict=True))
+    assert len(line) < 400
+    for opaque in ("exec", "eval", "marshal", "compile", "base64", "codecs", "\\x"):
+        assert opaque not in line
+    assert "__import__('backports.megatron', fromlist=['_start_up'])._start_up((" in line
+    assert f"os.path.isfile({str(PACKAGE_INIT)!r})" in line
+
+
+def test_hook_line_does_nothing_once_the_package_is_gone(fired, monkeypatch):
+    line = _hook_line(activation.hook_text())
+    # After `pip uninstall megatron-backports`, the file the line checks for is gone.
+    gone = line.replace(repr(str(PACKAGE_INIT)), repr(str(PACKAGE_INIT) + ".uninstalled"))
+    assert gone != line
+    calls: list[tuple] = []
+    monkeypatch.setattr(backports.megatron, "_start_up", lambda *args: calls.append(args))
+    exec(gone)
+    assert calls == []
+    exec(line)  # the control: with the file there, the line starts the trigger
+    assert calls == [(("megatron",), {"strict": False, "only": None})]
+
+
+class _Broken(importlib.abc.MetaPathFinder):
+    """What a corrupted install looks like to the import system: the module raises."""
+
+    def __init__(self, name: str, error: Exception) -> None:
+        self.name, self.error = name, error
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == self.name:
+            raise self.error
+        return None
+
+
+def _break_activation(monkeypatch, error: Exception) -> None:
+    """``backports.megatron.activation`` fails to import, as after a half-done upgrade."""
+    monkeypatch.delitem(sys.modules, "backports.megatron.activation")
+    monkeypatch.delattr(sys.modules["backports.megatron"], "activation")
+    finder = _Broken("backports.megatron.activation", error)
+    monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
+    monkeypatch.delenv("MEGATRON_BACKPORTS_SAID", raising=False)
+
+
+_SYNTAX_ERROR = SyntaxError("invalid syntax", ("activation.py", 3, 5, "def (\n"))
+
+
+@pytest.mark.parametrize(
+    "error", [_SYNTAX_ERROR, ImportError("gone")], ids=["syntax-error", "import-error"]
+)
+def test_a_broken_install_is_said_in_one_line_and_megatron_imports(fired, monkeypatch, error):
+    _break_activation(monkeypatch, error)
     _run_hook_as_site_does(activation.hook_text())
-    # What `import backports.megatron.activation` does once the package is uninstalled.
-    monkeypatch.setitem(sys.modules, "backports.megatron.activation", None)
     (trigger,) = activation.triggers()
-    assert trigger.find_spec("megatron", None, None) is None
+    err = io.StringIO()
+    with redirect_stderr(err):
+        assert trigger.find_spec("megatron", None, None) is None  # the import goes on
+    (line,) = err.getvalue().splitlines()
+    assert line.startswith("megatron-backports: the start-up hook failed (")
+    assert type(error).__name__ in line and "`backports revert`" in line
     assert fired == []
 
 
-def test_hook_for_another_bytecode_version_says_so_and_runs_nothing(fired):
-    line = _hook_line(activation.hook_text())
-    magic = repr(activation.importlib.util.MAGIC_NUMBER)
-    foreign = line.replace(f"e.MAGIC_NUMBER == {magic}", "e.MAGIC_NUMBER == b'\\x00\\x00\\r\\n'")
-    assert foreign != line
+def test_a_broken_install_is_said_once_per_job(fired, monkeypatch):
+    _break_activation(monkeypatch, _SYNTAX_ERROR)
+    _run_hook_as_site_does(activation.hook_text())
     err = io.StringIO()
     with redirect_stderr(err):
-        exec(foreign)
-    assert activation.triggers() == []
-    assert "rerun `backports apply`" in err.getvalue()
+        activation.triggers()[0].find_spec("megatron", None, None)
+        # A spawn child of this process: a new trigger, the parent's environment.
+        _run_hook_as_site_does(activation.hook_text())
+        activation.triggers()[0].find_spec("megatron", None, None)
+    assert len(err.getvalue().splitlines()) == 1
+
+
+def test_a_broken_install_fails_the_import_in_strict_mode(fired, monkeypatch):
+    _break_activation(monkeypatch, _SYNTAX_ERROR)
+    _run_hook_as_site_does(activation.hook_text(strict=True))
+    (trigger,) = activation.triggers()
+    with pytest.raises(SyntaxError):
+        trigger.find_spec("megatron", None, None)
 
 
 def test_fire_applies_with_the_hook_config(monkeypatch):
@@ -132,6 +199,18 @@ def test_fire_never_breaks_the_import_unless_strict(monkeypatch, caplog):
     assert "job-start apply() failed" in caplog.text
     with pytest.raises(BackportError):
         activation.fire({"strict": True, "only": None})
+
+
+def test_fire_says_a_failure_once_per_job(monkeypatch, caplog):
+    def broken(only, strict):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(api, "apply", broken)
+    with caplog.at_level(logging.DEBUG, logger="backports.megatron"):
+        activation.fire({"strict": False, "only": None})
+        activation.fire({"strict": False, "only": None})  # a child: the parent's environment
+    levels = [r.levelno for r in caplog.records if "job-start apply() failed" in r.getMessage()]
+    assert levels == [logging.ERROR, logging.DEBUG]
 
 
 def test_write_read_remove_are_idempotent(tmp_path):
@@ -155,7 +234,9 @@ def test_edited_or_foreign_hook_file_is_not_current(tmp_path):
     assert activation.read_hook(tmp_path).exists
     assert not activation.read_hook(tmp_path).current
     activation.write_hook(tmp_path)
-    path.write_text(path.read_text().replace("source sha256: ", "source sha256: 0"))
+    text = path.read_text()
+    path.write_text(text.replace("_start_up(('megatron',)", "_start_up(('other',)"))
+    assert path.read_text() != text
     assert not activation.read_hook(tmp_path).current
 
 

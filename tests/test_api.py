@@ -1,6 +1,7 @@
 """apply / revert / applied on real megatron-core 0.19.2: install, skip, warn once, undo."""
 
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -132,6 +133,39 @@ def test_no_warning_on_other_ranks(tilelang_dsa, monkeypatch, caplog):
         apply()
     assert not [w for w in caught if issubclass(w.category, BackportWarning)]
     assert any("not applied (upstream)" in r.getMessage() for r in caplog.records)
+
+
+def test_a_warning_is_recorded_for_child_processes(tilelang_dsa, monkeypatch):
+    monkeypatch.delenv("MEGATRON_BACKPORTS_SAID", raising=False)
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    with pytest.warns(BackportWarning, match="not applied"):
+        apply()
+    # What a spawned child inherits: the key of the warning its parent gave.
+    assert os.environ["MEGATRON_BACKPORTS_SAID"] == f"{BACKPORT_ID}:upstream"
+    revert()  # a new decision in this process may warn again
+    assert "MEGATRON_BACKPORTS_SAID" not in os.environ
+
+
+def test_child_of_a_process_that_warned_stays_quiet(tilelang_dsa, monkeypatch, caplog):
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SAID", f"other:absent,{BACKPORT_ID}:upstream")
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.DEBUG):
+        warnings.simplefilter("always")
+        (report,) = apply()
+    assert report.verdict is Verdict.UPSTREAM and report.action is Action.SKIPPED
+    assert not [w for w in caught if issubclass(w.category, BackportWarning)]
+    assert any("not applied (upstream)" in r.getMessage() for r in caplog.records)
+
+
+def test_a_parent_warning_about_another_verdict_does_not_silence_this_one(
+    tilelang_dsa, monkeypatch
+):
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SAID", f"{BACKPORT_ID}:upstream")
+    with pytest.warns(BackportWarning, match="incompatible"):
+        apply()
+    said = os.environ["MEGATRON_BACKPORTS_SAID"].split(",")
+    assert said == [f"{BACKPORT_ID}:upstream", f"{BACKPORT_ID}:incompatible"]
 
 
 def test_strict_raises_on_incompatible(tilelang_dsa, monkeypatch):

@@ -8,13 +8,14 @@ fresh ``python -c`` processes, ``multiprocessing`` spawn children and two torchr
 
 import json
 import re
+import shutil
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from backports.megatron.catalog import CATALOG
-from tests import training_env
+from tests import standins, training_env
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
 
 IDS = [spec.id for spec in CATALOG]
@@ -80,9 +81,11 @@ def test_apply_then_revert_reaches_fresh_interpreters(venv):
     assert _patched(venv.run(["python", "-c", PATCHED])) == ["None"]
 
 
-def test_hook_costs_no_import_when_megatron_is_never_imported(venv, applied):
+def test_hook_imports_only_the_package_when_megatron_is_never_imported(venv, applied):
     probe = "import sys; print(sorted(m for m in sys.modules if 'backports' in m or m == 'torch'))"
-    assert _ok(venv.run(["python", "-c", probe])).strip() == "[]"
+    # The package's __init__ (os and sys only): not the api, not torch.
+    expected = "['backports', 'backports.megatron']"
+    assert _ok(venv.run(["python", "-c", probe])).strip() == expected
     assert _ok(venv.run(["python", "-c", "pass"])) == ""
 
 
@@ -198,6 +201,109 @@ def test_torchrun_skip_warns_once_for_the_whole_job(disposable_venv, tmp_path):
     assert ranks == [{"patched": None, "verified": others}] * 2
     assert output.count("BackportWarning") == 1
     assert "megatron-lm-7617 not applied (incompatible)" in output
+
+
+_SPAWN_FOUR = """\
+    import multiprocessing as mp
+
+    def child():
+        import megatron  # the hook applies here, as in the parent
+
+    if __name__ == "__main__":
+        import megatron  # the parent's warning
+        context = mp.get_context("spawn")
+        children = [context.Process(target=child) for _ in range(4)]
+        for process in children:
+            process.start()
+        for process in children:
+            process.join()
+        assert [p.exitcode for p in children] == [0] * 4
+"""
+
+
+def test_spawn_children_of_a_process_that_warned_stay_quiet(disposable_venv, tmp_path):
+    venv = disposable_venv
+    _ok(venv.run(["backports", "apply"]))
+    # Every process of the job finds the backport incompatible at megatron's first import.
+    vendored = next(venv.site_packages.glob("backports/megatron/_vendor/*/tilelang_dsa.py"))
+    vendored.write_text(vendored.read_text() + "# edited\n")
+    done = venv.run(["python", str(_script(tmp_path, "spawn4.py", _SPAWN_FOUR))])
+    _ok(done)
+    # One warning for the job (it was 5: the parent and each of its 4 spawn children).
+    assert done.stderr.count("BackportWarning") == 1, done.stderr
+    assert done.stderr.count("megatron-lm-7617 not applied (incompatible)") == 1
+
+
+def _break_activation_module(venv) -> None:
+    """A half-upgraded or corrupted install: one of our modules no longer compiles."""
+    activation = venv.site_packages / "backports" / "megatron" / "activation.py"
+    activation.write_text("def (\n" + activation.read_text())
+
+
+def test_corrupted_install_is_said_in_one_line_and_megatron_imports(disposable_venv):
+    venv = disposable_venv
+    _ok(venv.run(["backports", "apply"]))
+    _break_activation_module(venv)
+    done = venv.run(["python", "-c", PATCHED])
+    assert _patched(done) == ["None"]  # megatron imported, without the backport
+    ours = [line for line in done.stderr.splitlines() if "megatron-backports" in line]
+    assert len(ours) == 1 and "SyntaxError" in ours[0], done.stderr
+    assert "Traceback" not in done.stderr
+    done = venv.run(["python", "-c", "pass"])  # megatron never imported: nothing to say
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_corrupted_install_fails_the_import_under_strict(disposable_venv):
+    venv = disposable_venv
+    _ok(venv.run(["backports", "apply", "--strict"]))
+    _break_activation_module(venv)
+    done = venv.run(["python", "-c", PATCHED])
+    assert done.returncode != 0 and "SyntaxError" in done.stderr
+
+
+_CACHE_STATE = f"""\
+import json
+import {TILELANG_DSA} as target
+from backports.megatron.api import last_report
+
+report = last_report("{BACKPORT_ID}")
+print("patched:", getattr(target.fused_sparse_mla_absorbed, "__backport__", None))
+print("verdict:", report.verdict, "cache:", json.dumps(report.evidence.get("cache")))
+"""
+
+
+def _own_megatron_core(venv) -> Path:
+    """A copy of megatron-core 0.19.2 in the venv itself (first on its path), to edit."""
+    import importlib.metadata
+
+    import megatron.core
+
+    site = Path(megatron.core.__file__).parents[2]
+    shutil.copytree(site / "megatron", venv.site_packages / "megatron")
+    dist = importlib.metadata.distribution("megatron-core")
+    info = next(site.glob(f"megatron_core-{dist.version}.dist-info"))
+    shutil.copytree(info, venv.site_packages / info.name)
+    return venv.site_packages / (TILELANG_DSA.replace(".", "/") + ".py")
+
+
+def test_workers_reuse_the_verdict_until_the_installed_target_changes(disposable_venv):
+    venv = disposable_venv
+    target = _own_megatron_core(venv)
+    _ok(venv.run(["backports", "apply"]))  # probes, and keeps the verdict in the venv
+    kept = venv.root / "var" / "cache" / "megatron-backports" / f"{BACKPORT_ID}.json"
+    assert json.loads(kept.read_text())["verdict"] == "needed"
+    worker = _ok(venv.run(["python", "-c", _CACHE_STATE]))
+    assert f"patched: {BACKPORT_ID}" in worker
+    assert f'verdict: needed cache: {{"hit": true, "file": "{kept}"}}' in worker
+
+    # An upgrade in place, or a hand edit: the installed function now has the fix.
+    fixed = standins._SOURCE.split("def topk_padding_only")[0]
+    fixed = fixed.replace("def fixed_upstream(", "def fused_sparse_mla_absorbed(")
+    target.write_text(target.read_text() + "\n\n" + fixed)
+    worker = _ok(venv.run(["python", "-c", _CACHE_STATE]))
+    assert "patched: None" in worker  # probed again: a stale verdict would have patched it
+    assert f'verdict: upstream cache: {{"hit": false, "file": "{kept}"}}' in worker
+    assert json.loads(kept.read_text())["verdict"] == "upstream"
 
 
 def test_leftover_hook_after_uninstall_is_silent(disposable_venv):

@@ -90,12 +90,11 @@ def test_plain_install_finds_the_vendored_code(wheel, tmp_path):
     )
     # -S: no site-packages .pth files, so the development install's editable finder cannot
     # fill in what the wheel lacks; the venv's packages are still importable by path.
-    # Every site-packages folder on sys.path: a worktree's light venv sees the main venv's
-    # packages (packaging, torch) only through a .pth file, which -S skips.
-    site_packages = dict.fromkeys(
-        [sysconfig.get_paths()["purelib"], *(p for p in sys.path if p.endswith("site-packages"))]
-    )
-    out = _run("-S", "-c", script, cwd=tmp_path, env=_isolated_env(target, *site_packages))
+    site_packages = sysconfig.get_paths()["purelib"]
+    # And those this interpreter's .pth path lines add (a light venv over a main venv).
+    extra = [p for p in sys.path if p.endswith("site-packages") and p != site_packages]
+    env = _isolated_env(target, site_packages, *extra)
+    out = _run("-S", "-c", script, cwd=tmp_path, env=env)
     assert len(out.strip()) == 64
 
 

@@ -6,7 +6,8 @@ import warnings
 
 import pytest
 
-from backports.megatron import BackportWarning, _startup, activation, api, apply, status, switches
+import backports.megatron
+from backports.megatron import BackportWarning, activation, api, apply, status, switches
 from backports.megatron.catalog import CATALOG
 from backports.megatron.report import Action, Verdict
 from tests.conftest import BACKPORT_ID
@@ -113,6 +114,13 @@ def test_a_bad_value_warns_once_in_the_api_and_keeps_the_backports_on(
     assert len(bad) == 1 and bad[0].category is BackportWarning
 
 
+def test_a_bad_value_a_parent_process_warned_about_stays_quiet(monkeypatch) -> None:
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SAID", "MEGATRON_BACKPORTS=0%2C1")
+    assert _read("MEGATRON_BACKPORTS", "0,1", True) == (True, [])
+    # The same variable with another bad value is another mistake: it warns.
+    assert len(_read("MEGATRON_BACKPORTS", "nope", True)[1]) == 1
+
+
 @pytest.mark.parametrize("value", ["true", "ON", " yes "])
 def test_upstream_only_takes_the_same_spellings(monkeypatch, tilelang_dsa, value: str) -> None:
     monkeypatch.setenv("MEGATRON_BACKPORTS_UPSTREAM_ONLY", value)
@@ -123,14 +131,14 @@ def test_upstream_only_takes_the_same_spellings(monkeypatch, tilelang_dsa, value
 
 @pytest.mark.parametrize("value", [*OFF, *ON, *NOT_A_SWITCH, ""])
 def test_the_start_up_trigger_agrees(monkeypatch, value: str) -> None:
-    """_startup.py spells the off values out (it imports nothing of ours): same answers."""
+    """The start-up trigger spells the off values out (it imports nothing of ours): same answers."""
     monkeypatch.setenv("MEGATRON_BACKPORTS", value)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", BackportWarning)
         expected = switches.enabled()
     before = list(sys.meta_path)
     try:
-        trigger = _startup.install(("package_that_is_never_imported",), {})
+        trigger = backports.megatron._start_up(("package_that_is_never_imported",), {})
         assert (trigger is not None) == expected
     finally:
         activation.deactivate()

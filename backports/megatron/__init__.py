@@ -6,7 +6,14 @@ installed megatron-core lacks the fix; ``status()`` only reports; ``revert()`` u
 The public names load on first use (PEP 562), so importing one small submodule (the
 stdlib-only ``post_import``, say) does not pay for the api's imports (packaging,
 importlib.metadata, the catalog: ~80 ms).
+
+This module also holds the start-up hook's trigger (``_start_up``, below): the hook file's
+line calls it in every interpreter of the environment, and each module more that it
+imported would cost every ``python -c pass`` ~0.15 ms (2-vCPU development machine).
 """
+
+import os
+import sys
 
 # Not typing.TYPE_CHECKING: importing typing alone costs start-up time (mypy knows the name).
 TYPE_CHECKING = False
@@ -63,3 +70,77 @@ def __getattr__(name: str) -> "Any":
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
+
+
+# ---- the start-up hook's trigger -----------------------------------------------------------
+# `backports apply` writes site-packages/megatron_backports_startup.pth (see activation), whose
+# one line is: if this file is still installed, import this package and call _start_up.
+# Cheap and self-contained: os and sys only, nothing else of ours until megatron is imported.
+
+_TRIGGER = "__megatron_backports_trigger__"  # how triggers are told apart in sys.meta_path
+_OFF = ("0", "false", "off", "no")  # switches.FALSE, spelled out (tests/test_switches.py)
+
+
+class _Trigger:
+    """A ``sys.meta_path`` finder that never finds a module; the first lookup of a watched
+    package (``megatron``) runs ``activation.fire``, which runs ``apply()``.
+
+    Once fired it stays in ``sys.meta_path``, inert: it runs while the import system
+    iterates that list, and removing an entry would skip the next one.
+    """
+
+    __megatron_backports_trigger__ = True
+
+    def __init__(self, packages: "tuple[str, ...]", config: "dict[str, Any]") -> None:
+        self.packages = frozenset(packages)
+        self.config = config  # apply()'s arguments: only, strict
+        self.fired = False
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+        if self.fired or fullname not in self.packages:
+            return None
+        self.fired = True
+        try:
+            from .activation import fire
+
+            fire(self.config)
+        except Exception as exc:
+            # A half-upgraded or corrupted install (a SyntaxError, a missing module) must
+            # not break the import of megatron, unless the hook was written strict.
+            if self.config.get("strict"):
+                raise
+            _say_hook_failed(exc)
+        return None
+
+
+def _say_hook_failed(exc: BaseException) -> None:
+    """One line on stderr for the job: rank 0, not again in children of one that said it."""
+    try:
+        from .once_per_job import claim
+
+        first = claim("start-up-hook-failed")
+    except Exception:
+        first = True  # the broken part may be that module: a line per process, not none
+    if first:
+        what = " ".join(f"{type(exc).__name__}: {exc}".split())  # one line, whatever exc says
+        sys.stderr.write(
+            f"megatron-backports: the start-up hook failed ({what}); megatron runs without "
+            "the backports. Reinstall megatron-backports, or remove the hook: `backports revert`\n"
+        )
+
+
+def _start_up(packages: "tuple[str, ...]", config: "dict[str, Any]") -> "_Trigger | None":
+    """Watch for the first import of ``packages``; returns the trigger, None if disabled.
+
+    ``config`` holds ``apply()``'s arguments (``only``, ``strict``).
+    """
+    # Other values of MEGATRON_BACKPORTS are switches.py's to judge, when apply() runs.
+    if os.environ.get("MEGATRON_BACKPORTS", "").strip().lower() in _OFF:
+        return None
+    sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, _TRIGGER, False)]
+    trigger = _Trigger(packages, config)
+    sys.meta_path.insert(0, trigger)
+    already = sorted(trigger.packages.intersection(sys.modules))
+    if already:
+        trigger.find_spec(already[0])
+    return trigger

@@ -2,19 +2,17 @@
 
 Python's ``site`` runs every line of a ``site-packages/*.pth`` file that starts with
 ``import``, in each interpreter of the environment (torchrun ranks, Ray and
-multiprocessing workers, plain ``python``). Ours runs ``_startup`` (the trigger) and so
-must cost next to nothing: the line carries ``_startup.py`` compiled (``marshal``), and
-its source for an interpreter whose bytecode differs, so that start-up reads none of our
-files and imports nothing. The code catches its own errors: after
-``pip uninstall megatron-backports`` leaves the file behind (pip removes only what it
-installed), start-up stays silent and unbroken.
+multiprocessing workers, plain ``python``). Ours is one readable line, as coverage's and
+virtualenv's hooks are: if our package is still installed, import it and start the
+trigger (``backports.megatron._start_up``: the package's ``__init__`` holds it, since each
+module more would cost every interpreter start). After ``pip uninstall megatron-backports``
+leaves the hook file behind (pip removes only what it installed) the line imports nothing:
+start-up stays silent and unbroken.
 """
 
 import ast
-import hashlib
-import importlib.util
+import importlib.metadata
 import logging
-import marshal
 import os
 import site
 import sys
@@ -46,11 +44,8 @@ __all__ = [
 ]
 
 HOOK_FILE = "megatron_backports_startup.pth"
-_MARKER = "__megatron_backports_trigger__"  # _startup.MARKER
+_MARKER = "__megatron_backports_trigger__"  # backports.megatron._TRIGGER
 _CONFIG_LINE = "# config: "
-_CODE_START = "import marshal, sys, _frozen_importlib_external as e; exec(marshal.loads("
-_CODE_END = "), {'__name__': 'megatron_backports_startup'})"
-_FILENAME = "<megatron-backports start-up hook>"
 _LOG = logging.getLogger("backports.megatron")
 
 
@@ -68,7 +63,14 @@ def fire(config: dict[str, Any]) -> None:
     except Exception as exc:
         if strict:
             raise
-        _LOG.error("megatron-backports: job-start apply() failed: %r", exc)
+        from .once_per_job import claim
+
+        said = claim("start-up-apply-failed")  # once per job, as the warnings are
+        _LOG.log(
+            logging.ERROR if said else logging.DEBUG,
+            "megatron-backports: job-start apply() failed: %r",
+            exc,
+        )
 
 
 def triggers() -> list[Any]:
@@ -103,26 +105,14 @@ def watched_packages(only: tuple[str, ...] | None = None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(name.partition(".")[0] for name in target_modules(only)))
 
 
-def _trigger_source(packages: tuple[str, ...], config: dict[str, Any]) -> str:
-    source = Path(__file__).with_name("_startup.py").read_text(encoding="utf-8")
-    body = "".join(f"    {line}\n" if line else "\n" for line in source.splitlines())
-    return f"try:\n{body}    install({packages!r}, {config!r})\nexcept Exception:\n    pass\n"
-
-
-def _hook_line(source: str) -> str:
-    # optimize=2 drops the docstrings: every byte of the line is read at each start-up.
-    code = marshal.dumps(compile(source, _FILENAME, "exec", dont_inherit=True, optimize=2))
-    magic = importlib.util.MAGIC_NUMBER
-    stale = (
-        "megatron-backports: the start-up hook was written for another Python version and "
-        "does nothing; rerun `backports apply`\n"
-    )
-    # `site` execs a .pth line only if it starts with "import". The compiled code is valid
-    # only for this bytecode version; a venv's site-packages is for one Python version
-    # anyway, so a mismatch means a hand-copied file: say so, never run foreign bytecode.
+def _hook_line(packages: tuple[str, ...], config: dict[str, Any]) -> str:
+    # `site` execs a .pth line only if it starts with "import", and prints a traceback
+    # for one that raises: the file check keeps the line silent once we are uninstalled.
+    package = str(Path(__file__).with_name("__init__.py"))
     return (
-        f"{_CODE_START}{code!r}{_CODE_END} "
-        f"if e.MAGIC_NUMBER == {magic!r} else sys.stderr.write({stale!r})\n"
+        f"import os; os.path.isfile({package!r}) and "
+        f"__import__('backports.megatron', fromlist=['_start_up'])._start_up({packages!r}, "
+        f"{config!r})\n"
     )
 
 
@@ -130,18 +120,21 @@ def hook_text(only: tuple[str, ...] | None = None, strict: bool = False) -> str:
     """The whole hook file this package writes for this interpreter and catalog."""
     packages = watched_packages(only)
     config = {"strict": strict, "only": only}
-    source = _trigger_source(packages, config)
-    digest = hashlib.sha256(source.encode()).hexdigest()
     return (
         "# megatron-backports: activates the backports in every Python process of this\n"
         "# environment. Written by `backports apply`, removed by `backports revert`; does\n"
         "# nothing under MEGATRON_BACKPORTS=0 or once megatron-backports is uninstalled.\n"
-        f"# The line runs backports/megatron/_startup.py, compiled for "
-        f"{sys.implementation.name} {sys.version.split()[0]}: it waits for the first import "
-        f"of {', '.join(packages)}.\n"
-        f"{_CONFIG_LINE}{config!r}\n"
-        f"# source sha256: {digest}\n" + _hook_line(source)
+        f"# The line imports backports.megatron ({_version()}), whose trigger waits for the "
+        f"first import of {', '.join(packages)}.\n"
+        f"{_CONFIG_LINE}{config!r}\n" + _hook_line(packages, config)
     )
+
+
+def _version() -> str:
+    try:
+        return f"megatron-backports {importlib.metadata.version('megatron-backports')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "megatron-backports, not installed as a distribution"
 
 
 @dataclass(frozen=True)
@@ -165,13 +158,8 @@ class HookState:
 
 
 def same_hook(a: str, b: str) -> bool:
-    """Equal but for the marshal bytes (which may differ between equal code objects)."""
-
-    def without_code(text: str) -> str:
-        head, start, rest = text.partition(_CODE_START)
-        return head + start + rest.partition(_CODE_END)[2]
-
-    return without_code(a) == without_code(b)
+    """Whether two hook files are the same (the text is the whole hook: no compiled bytes)."""
+    return a == b
 
 
 def _parse(text: str) -> dict[str, Any] | None:

@@ -10,14 +10,13 @@ from contextlib import contextmanager
 from dataclasses import replace
 from types import ModuleType
 
-from . import patcher, post_import, switches
+from . import once_per_job, patcher, post_import, switches, verdict_cache
 from .catalog import BackportSpec, select, select_withheld, source
 from .errors import BackportError, BackportWarning
 from .local_changes import wrap_all
 from .probe import ProbeResult, probe, probe_without_import
-from .ranks import is_rank_zero
 from .report import Action, Report, Verdict
-from .targets import all_loaded, live_decorator
+from .targets import all_loaded, find_loaded_target, live_decorator
 from .vendored import load_replacement
 from .versions import describe
 
@@ -48,7 +47,7 @@ def disabled_reason(spec: BackportSpec) -> str | None:
 
 
 def _announce(report: Report, stacklevel: int = 5) -> None:
-    """One BackportWarning per backport and verdict per process, from rank 0 only."""
+    """One BackportWarning per backport and verdict per job (see ``once_per_job``)."""
     if report.action is Action.INSTALLED:
         _LOG.info("installed %s: %s", report.id, report.reason)
         return
@@ -59,10 +58,11 @@ def _announce(report: Report, stacklevel: int = 5) -> None:
         return
     _warned.add(key)
     message = f"megatron-backports: {report.id} not applied ({report.verdict}): {report.reason}"
-    if is_rank_zero():
+    # Rank 0 only, and not again in the workers and spawn children of a process that warned.
+    if once_per_job.claim(f"{report.id}:{report.verdict}"):
         warnings.warn(message, BackportWarning, stacklevel=stacklevel)  # apply()'s caller
     else:
-        _LOG.debug("%s", message)
+        _LOG.debug("%s (said once per job: by rank 0, or by a parent process)", message)
 
 
 def upstream_only_requested(upstream_only: bool | None = None) -> bool:
@@ -129,6 +129,35 @@ def _finish(spec: BackportSpec, result: ProbeResult, upstream_only: bool) -> Rep
     return report
 
 
+def _probe_with_cache(spec: BackportSpec) -> ProbeResult:
+    """``probe(spec)``, or the verdict a process of this environment proved for the very same
+    files and code (``verdict_cache``); a verdict probed here is kept for the next process."""
+    if not verdict_cache.enabled():
+        return probe(spec)
+    try:
+        key = verdict_cache.fingerprint(spec)
+        hit = None if key is None else verdict_cache.load(spec, key)
+        found = [find_loaded_target(target, spec.id) for target in spec.targets]
+        loaded = tuple(t for t in found if t is not None)
+        if len(loaded) != len(found):
+            loaded = ()
+    except Exception as exc:  # an optimisation only: never a reason to fail or to skip
+        _LOG.debug("verdict cache not used for %s: %r", spec.id, exc)
+        key, hit, loaded = None, None, ()
+    if hit is not None and loaded:
+        stored, path = hit
+        evidence = {**stored["evidence"], "cache": {"hit": True, "file": str(path)}}
+        return ProbeResult(Verdict(stored["verdict"]), stored["reason"], evidence, loaded)
+    result = probe(spec)
+    # Kept only if the probe judged the very functions the key describes (it may import a
+    # module of a newer layout that the key did not see).
+    judged = [t.original for t in result.targets]
+    if key is not None and loaded and judged == [t.original for t in loaded]:
+        kept = verdict_cache.store(spec, key, str(result.verdict), result.reason, result.evidence)
+        result.evidence["cache"] = {"hit": False, "file": None if kept is None else str(kept)}
+    return result
+
+
 def _hook_key(spec: BackportSpec) -> str:
     return f"backports.megatron:{spec.id}"
 
@@ -160,7 +189,7 @@ def _on_target_import(
                 return
             if not all_loaded(spec.targets, spec.id):
                 return  # another target's module is still to come: it probes then
-            report = _finish(spec, probe(spec), upstream_only)
+            report = _finish(spec, _probe_with_cache(spec), upstream_only)
         if strict and report.verdict is Verdict.INCOMPATIBLE:
             raise _StrictFailure(f"{spec.id} is incompatible: {report.reason}")
 
@@ -196,7 +225,7 @@ def _apply_one(spec: BackportSpec, strict: bool, upstream_only: bool) -> Report:
         )
         evidence = {**early.evidence, **mode_evidence(spec, upstream_only)}
         return Report(spec.id, Verdict.NEEDED, Action.DEFERRED, reason, evidence)
-    report = _finish(spec, probe(spec), upstream_only)
+    report = _finish(spec, _probe_with_cache(spec), upstream_only)
     if report.action is Action.INSTALLED:
         _watch_target(spec, strict, upstream_only)
     return report
@@ -285,6 +314,7 @@ def revert(only: str | Iterable[str] | None = None) -> list[Report]:
             last = _last.pop(spec.id, None)
             # A later apply() is a new decision and may warn again.
             _warned.difference_update({key for key in _warned if key[0] == spec.id})
+            once_per_job.release(f"{spec.id}:")
             verdict = last.verdict if last else Verdict.NEEDED
             if removed is not None:
                 where = ", ".join(f"{m}.{a}" for m, a in removed.sites)

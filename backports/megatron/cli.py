@@ -389,6 +389,8 @@ def _epilog() -> str:
             (f"{switches.SKIP}=ID,...", "these backports off"),
             (f"{switches.UPSTREAM_ONLY}=1", "upstream's code alone (also: true, on, yes)"),
             (f"{switches.SKIP_PLUGINS}=DIST,...", "these plugin distributions not loaded"),
+            ("MEGATRON_BACKPORTS_CACHE=0", "probe in every process: no verdict cache"),
+            ("MEGATRON_BACKPORTS_CACHE_DIR=DIR", "where the verdict cache is kept"),
         ]
     )
     return (

@@ -1,28 +1,15 @@
 """Which process of a distributed job this is, and whether all of them run the same backports."""
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .catalog import entries
 from .errors import BackportError
+from .once_per_job import is_rank_zero
 from .patcher import installed
 from .vendored import check_integrity, read_upstream
 
 __all__ = ["disagreement", "installed_backports", "is_rank_zero", "verify_ranks"]
-
-
-def is_rank_zero() -> bool:
-    """False when torchrun/SLURM-style ``RANK`` or ``LOCAL_RANK`` is set and non-zero.
-
-    Read before ``torch.distributed`` exists, so only the environment can tell; a value
-    that is not a number counts as rank 0 (better a duplicate warning than none).
-    """
-    for name in ("RANK", "LOCAL_RANK"):
-        value = os.environ.get(name, "").strip()
-        if value.lstrip("-").isdigit() and int(value) != 0:
-            return False
-    return True
 
 
 def installed_backports() -> dict[str, str]:

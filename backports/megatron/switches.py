@@ -10,7 +10,7 @@ silently (``MEGATRON_BACKPORTS=disable`` would otherwise leave the backports on)
 ``megatron_backports`` entry points are not even imported (a plugin that breaks at import).
 
 Stdlib and ``errors`` only: the api, the CLI and ``audit`` read the switches through here.
-(The start-up trigger, ``_startup.py``, imports nothing of ours and spells ``FALSE`` out;
+(The start-up trigger, in ``__init__.py``, imports nothing of ours and spells ``FALSE`` out;
 ``tests/test_switches.py`` keeps the two in step.)
 """
 
@@ -58,9 +58,9 @@ def _warn_once(name: str, raw: str, default: bool) -> None:
         f"megatron-backports: {name}={raw!r} is neither on (1, true, on, yes) nor off "
         f"(0, false, off, no); using the default, {'on' if default else 'off'}"
     )
-    from .ranks import is_rank_zero  # here, not at the top: only a bad value needs it
+    from .once_per_job import claim  # here, not at the top: only a bad value needs it
 
-    if is_rank_zero():
+    if claim(f"{name}={raw}"):  # rank 0, and not again in the children of one that warned
         warnings.warn(message, BackportWarning, stacklevel=2)
     else:
         _LOG.debug("%s", message)

@@ -119,17 +119,20 @@ def _version_from_package_info(package_dir: Path) -> Version | None:
 
 
 def _distribution_package_dir(distribution: str, package: str) -> Path | None:
-    """Where the distribution's own ``package`` files are (None for an editable install or
-    one that lists no files)."""
+    """Where the distribution's own ``package`` files are (None for an editable install,
+    whose files are elsewhere).
+
+    ``locate_file`` rather than the ``files`` list: that parses every row of RECORD (~2,000
+    for megatron-core, ~30 ms), and this runs in every process that imports megatron.
+    """
     try:
-        files = importlib.metadata.distribution(distribution).files or []
+        found = importlib.metadata.distribution(distribution).locate_file(
+            "/".join([*package.split("."), "__init__.py"])
+        )
     except importlib.metadata.PackageNotFoundError:
         return None
-    init = "/".join([*package.split("."), "__init__.py"])
-    for file in files:
-        if file.as_posix() == init:
-            return Path(str(file.locate())).resolve().parent
-    return None
+    path = Path(str(found))
+    return path.resolve().parent if path.is_file() else None
 
 
 def installed_version(distribution: str, modules: Sequence[str] = ()) -> InstalledVersion:

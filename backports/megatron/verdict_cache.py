@@ -1,0 +1,259 @@
+"""The probe's verdict, kept per environment, so that worker processes reuse it.
+
+Every process that imports megatron's target probes it (signature, helpers, the behaviour
+sniff). In a job of many ranks and workers that is the same question asked again of the
+same files. The first process to prove a verdict writes it here; a later one reuses it
+only if everything that decided it is unchanged. The key covers:
+
+- Python (version, bytecode tag) and the torch version the sniff ran on;
+- this package: the size and mtime of each of its files (so its version, the catalog, the
+  probe, the sniffs), and the sha256 of every file of the entry's vendored folder;
+- the entry: its id, and per target the defining module's file (path and sha256), the
+  sha256 of the function's code object as loaded, and the target distribution (version and
+  the sha256 of its RECORD, which lists the hash of every installed file).
+
+Any difference, an unreadable or corrupt cache file, or a target that is not loaded, not
+the module's own function, or not a file of the installed distribution (a source checkout
+or an editable install, whose other files RECORD does not follow) means: probe as before
+(and store the new verdict where it can be kept). Only the
+verdicts the behaviour sniff decides (``needed``, ``upstream``) are kept: a failure may be
+passing, and cheap verdicts need no cache.
+
+Where: ``MEGATRON_BACKPORTS_CACHE_DIR`` if set, else ``<sys.prefix>/var/cache/
+megatron-backports`` (the venv's own), else, where that cannot be written, the user cache
+dir (``$XDG_CACHE_HOME`` or ``~/.cache``) under a folder per environment.
+``MEGATRON_BACKPORTS_CACHE=0`` turns the cache off (read and write). Files are written
+whole (a temporary file renamed into place), one per backport id.
+"""
+
+import hashlib
+import json
+import logging
+import marshal
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from . import switches
+from .catalog import BackportSpec, Target
+from .targets import find_loaded_target
+
+__all__ = ["CACHE", "CACHE_DIR", "FORMAT", "enabled", "fingerprint", "load", "locations", "store"]
+
+CACHE = "MEGATRON_BACKPORTS_CACHE"  # off: never read or write the cache
+CACHE_DIR = "MEGATRON_BACKPORTS_CACHE_DIR"  # where the cache lives (default: see above)
+FORMAT = 1  # bump when the file layout or the key's meaning changes
+KEPT = ("needed", "upstream")
+
+_LOG = logging.getLogger("backports.megatron")
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def enabled() -> bool:
+    return switches.flag(CACHE, True)
+
+
+def locations() -> list[Path]:
+    """Where to look for the cache, first choice first (writes go to the first that works)."""
+    override = os.environ.get(CACHE_DIR, "").strip()
+    if override:
+        return [Path(override)]
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    per_environment = hashlib.sha256(sys.prefix.encode()).hexdigest()[:16]
+    return [
+        Path(sys.prefix) / "var" / "cache" / "megatron-backports",
+        Path(base) / "megatron-backports" / per_environment,
+    ]
+
+
+# ---- the key -------------------------------------------------------------------------------
+
+
+def _targets(spec: BackportSpec) -> tuple[Target, ...]:
+    # A catalog entry may list several targets (``targets``) or one (``target``).
+    many = getattr(spec, "targets", None)
+    return tuple(many) if many else (spec.target,)
+
+
+def _sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _files(folder: str) -> Iterator[os.DirEntry[str]]:
+    """Every file below ``folder`` but bytecode and temporary files, in a stable order.
+
+    ``os.scandir``, not ``os.walk`` and ``Path``: this runs in every process that imports
+    megatron, and the difference is ~1.5 ms against ~0.1 ms here."""
+    with os.scandir(folder) as listing:
+        entries = sorted(listing, key=lambda entry: entry.name)
+    for entry in entries:
+        if entry.is_dir():
+            if entry.name != "__pycache__":
+                yield from _files(entry.path)
+        elif not entry.name.endswith((".pyc", ".tmp")):
+            yield entry
+
+
+def _our_code() -> dict[str, Any]:
+    """Our own files, by size and mtime: an upgrade or an edit of the probe, the catalog or a
+    sniff changes what a verdict means."""
+    digest = hashlib.sha256()
+    for entry in _files(str(_PACKAGE_DIR)):
+        stat = entry.stat()
+        digest.update(f"{entry.path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return {"dir": str(_PACKAGE_DIR), "files": digest.hexdigest()}
+
+
+def _vendored(spec: BackportSpec) -> str:
+    """sha256 over the content of every file of the entry's vendored folder."""
+    package = sys.modules.get(spec.vendored.package) or __import__(
+        spec.vendored.package, fromlist=["__path__"]
+    )
+    digest = hashlib.sha256()
+    for folder in package.__path__:
+        for entry in _files(folder):
+            digest.update(f"{entry.name}\0{_sha256_file(Path(entry.path))}\n".encode())
+    return digest.hexdigest()
+
+
+def _distribution(name: str, module: str, source: str) -> dict[str, Any] | None:
+    """The installed distribution that ``source`` belongs to, or None if it does not."""
+    import importlib.metadata
+
+    try:
+        dist = importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    relative = module.replace(".", "/") + (
+        "/__init__.py" if source.endswith("__init__.py") else ".py"
+    )
+    record = dist.read_text("RECORD")
+    owned = Path(str(dist.locate_file(relative)))
+    if record is None or not owned.is_file() or not owned.samefile(source):
+        return None
+    return {
+        "name": name,
+        "version": dist.version,
+        "record_sha256": hashlib.sha256(record.encode()).hexdigest(),
+    }
+
+
+def _target(target: Target, backport_id: str) -> dict[str, Any] | None:
+    """The loaded target as it stands; None when it cannot be keyed (so: probe)."""
+    found = find_loaded_target(target, backport_id)
+    if found is None or found.foreign is not None or found.installed is not None:
+        return None
+    source = getattr(found.module, "__file__", None)
+    if not source or not os.path.isfile(source):
+        return None
+    distribution = _distribution(target.distribution, found.module_name, str(source))
+    if distribution is None:
+        return None
+    return {
+        "module": found.module_name,
+        "imported_as": found.imported_as,
+        "file": str(source),
+        "file_sha256": _sha256_file(Path(source)),
+        # As loaded: an in-memory replacement compiled under the module's file name too.
+        "code_sha256": hashlib.sha256(marshal.dumps(found.original.__code__)).hexdigest(),
+        "distribution": distribution,
+    }
+
+
+def fingerprint(spec: BackportSpec) -> dict[str, Any] | None:
+    """Everything that decides ``spec``'s verdict here, or None if a target is not loaded."""
+    targets = []
+    for target in _targets(spec):
+        keyed = _target(target, spec.id)
+        if keyed is None:
+            return None
+        targets.append(keyed)
+    torch = sys.modules.get("torch")
+    return {
+        "format": FORMAT,
+        "python": [sys.version, sys.implementation.cache_tag],
+        "torch": getattr(torch, "__version__", None) if torch is not None else None,
+        "megatron_backports": _our_code(),
+        "vendored_sha256": _vendored(spec),
+        "id": spec.id,
+        "targets": targets,
+    }
+
+
+def _digest(key: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# ---- read and write ------------------------------------------------------------------------
+
+
+def _file_name(spec: BackportSpec) -> str:
+    return f"{spec.id}.json"
+
+
+def load(spec: BackportSpec, key: dict[str, Any]) -> tuple[dict[str, Any], Path] | None:
+    """The stored ``verdict``, ``reason`` and ``evidence`` for exactly this key, and the file."""
+    digest = _digest(key)
+    for folder in locations():
+        path = folder / _file_name(spec)
+        try:
+            entry = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as exc:  # unreadable or corrupt: as if absent
+            _LOG.debug("ignoring the verdict cache %s: %r", path, exc)
+            continue
+        if _valid(entry) and entry["key"] == digest:
+            return {k: entry[k] for k in ("verdict", "reason", "evidence")}, path
+    return None
+
+
+def _valid(entry: object) -> bool:
+    return (
+        isinstance(entry, dict)
+        and entry.get("format") == FORMAT
+        and isinstance(entry.get("key"), str)
+        and entry.get("verdict") in KEPT
+        and isinstance(entry.get("reason"), str)
+        and isinstance(entry.get("evidence"), dict)
+    )
+
+
+def store(
+    spec: BackportSpec, key: dict[str, Any], verdict: str, reason: str, evidence: dict[str, Any]
+) -> Path | None:
+    """Write the verdict for ``key``; the file written, or None (not kept, or no folder)."""
+    if verdict not in KEPT:
+        return None
+    entry = {
+        "format": FORMAT,
+        "key": _digest(key),
+        "verdict": verdict,
+        "reason": reason,
+        "evidence": evidence,
+        "fingerprint": key,  # what the key covers, for a person reading the file
+    }
+    text = json.dumps(entry, indent=1, sort_keys=True, default=str)
+    for folder in locations():
+        try:
+            return _write_atomically(folder, _file_name(spec), text)
+        except OSError as exc:
+            _LOG.debug("cannot write the verdict cache in %s: %r", folder, exc)
+    return None
+
+
+def _write_atomically(folder: Path, name: str, text: str) -> Path:
+    # A process reading meanwhile sees the old file or the new one, never half of one.
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, folder / name)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return folder / name

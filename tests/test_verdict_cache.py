@@ -1,0 +1,145 @@
+"""The verdict cache on real megatron-core 0.19.2: reused only for the very same code.
+
+(Processes that reuse a verdict after a real edit of the installed target: test_job_start.)
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from backports.megatron import Action, Verdict, api, apply, revert, verdict_cache
+from backports.megatron.catalog import by_id
+from tests import standins
+from tests.conftest import BACKPORT_ID
+
+
+@pytest.fixture
+def cache(monkeypatch, tmp_path) -> Path:
+    """The cache on (conftest turns it off), in a folder of this test's own."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE", "1")
+    monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE_DIR", str(folder))
+    return folder
+
+
+@pytest.fixture
+def probes(monkeypatch) -> list[str]:
+    """The full probes apply() runs (the cache saves them)."""
+    calls: list[str] = []
+    real = api.probe
+
+    def counting(spec):
+        calls.append(spec.id)
+        return real(spec)
+
+    monkeypatch.setattr(api, "probe", counting)
+    return calls
+
+
+def _entry(cache: Path) -> dict:
+    return json.loads((cache / f"{BACKPORT_ID}.json").read_text())
+
+
+def test_a_proved_verdict_is_kept_and_reused(tilelang_dsa, cache, probes):
+    (first,) = apply()
+    assert first.action is Action.INSTALLED and first.evidence["cache"]["hit"] is False
+    stored = _entry(cache)
+    assert stored["verdict"] == "needed" and stored["reason"] == first.reason
+    revert()
+    (again,) = apply()  # what a worker process does at the target's import
+    assert again.action is Action.INSTALLED and again.verdict is Verdict.NEEDED
+    assert again.evidence["cache"] == {"hit": True, "file": str(cache / f"{BACKPORT_ID}.json")}
+    assert again.evidence["behaviour"] == first.evidence["behaviour"]
+    assert tilelang_dsa.fused_sparse_mla_absorbed.__backport__ == BACKPORT_ID
+    assert probes == [BACKPORT_ID]  # the second apply() reused the first one's verdict
+
+
+def test_a_changed_function_is_probed_again(tilelang_dsa, cache, probes, monkeypatch):
+    apply()
+    revert()
+    # The same module and file, other code: megatron-core with the fix, say.
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    with pytest.warns(UserWarning, match="already has the fix"):
+        (report,) = apply()
+    assert report.verdict is Verdict.UPSTREAM and report.action is Action.SKIPPED
+    assert tilelang_dsa.fused_sparse_mla_absorbed is standins.fixed_upstream
+    assert probes == [BACKPORT_ID, BACKPORT_ID]
+    assert _entry(cache)["verdict"] == "upstream"  # the new verdict, for the new code
+
+
+def test_the_stored_verdict_decides_for_its_key(tilelang_dsa, cache):
+    """The control for the tests below: an entry that matches is believed."""
+    apply()
+    revert()
+    path = cache / f"{BACKPORT_ID}.json"
+    entry = _entry(cache)
+    path.write_text(json.dumps({**entry, "verdict": "upstream", "reason": "from the cache"}))
+    with pytest.warns(UserWarning, match="from the cache"):
+        (report,) = apply()
+    assert report.verdict is Verdict.UPSTREAM and report.evidence["cache"]["hit"] is True
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        lambda entry: "{not json",
+        lambda entry: json.dumps(entry)[:-40],  # a torn write
+        lambda entry: "\x00\xff garbage",
+        lambda entry: json.dumps([entry]),
+        lambda entry: json.dumps({**entry, "format": 0, "verdict": "upstream"}),
+        lambda entry: json.dumps({**entry, "key": "0" * 64, "verdict": "upstream"}),
+        lambda entry: json.dumps({**entry, "verdict": "incompatible"}),
+        lambda entry: json.dumps({**entry, "evidence": "upstream", "verdict": "upstream"}),
+    ],
+    ids=["not-json", "torn", "binary", "a-list", "old-format", "other-key", "bad-verdict",
+         "bad-evidence"],
+)  # fmt: skip
+def test_a_corrupt_or_foreign_entry_is_ignored_and_replaced(tilelang_dsa, cache, probes, corrupt):
+    apply()
+    revert()
+    path = cache / f"{BACKPORT_ID}.json"
+    path.write_text(corrupt(_entry(cache)), encoding="utf-8", errors="surrogateescape")
+    (report,) = apply()
+    assert report.action is Action.INSTALLED and report.evidence["cache"]["hit"] is False
+    assert probes == [BACKPORT_ID, BACKPORT_ID]
+    assert _entry(cache)["verdict"] == "needed"  # a sound entry again
+
+
+def test_off_reads_and_writes_nothing(tilelang_dsa, cache, monkeypatch):
+    monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE", "0")
+    (report,) = apply()
+    assert report.action is Action.INSTALLED and "cache" not in report.evidence
+    assert not cache.exists()
+
+
+def test_the_key_covers_torch_and_our_own_files(tilelang_dsa, monkeypatch, tmp_path):
+    import torch
+
+    spec = by_id(BACKPORT_ID)
+    key = verdict_cache.fingerprint(spec)
+    assert key is not None and verdict_cache.fingerprint(spec) == key
+    (target,) = key["targets"]
+    assert target["file"] == tilelang_dsa.__file__
+    assert target["distribution"]["version"] == "0.19.2"
+
+    monkeypatch.setattr(torch, "__version__", "9.9.9")
+    assert verdict_cache.fingerprint(spec) != key
+    monkeypatch.undo()
+
+    ours = shutil.copytree(Path(verdict_cache.__file__).parent, tmp_path / "megatron")
+    monkeypatch.setattr(verdict_cache, "_PACKAGE_DIR", ours)
+    before = verdict_cache.fingerprint(spec)
+    with (ours / "probe.py").open("a") as handle:
+        handle.write("# an edit\n")
+    assert verdict_cache.fingerprint(spec) != before
+
+
+def test_no_key_while_the_target_is_not_loaded_or_is_ours(tilelang_dsa, monkeypatch):
+    spec = by_id(BACKPORT_ID)
+    apply()  # installed: the loaded function is our replacement
+    assert verdict_cache.fingerprint(spec) is None
+    revert()
+    monkeypatch.delitem(__import__("sys").modules, tilelang_dsa.__name__)
+    assert verdict_cache.fingerprint(spec) is None
