@@ -151,7 +151,7 @@ def test_child_of_a_process_that_warned_stays_quiet(tilelang_dsa, monkeypatch, c
     monkeypatch.setenv("MEGATRON_BACKPORTS_SAID", f"other:absent,{BACKPORT_ID}:upstream")
     with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.DEBUG):
         warnings.simplefilter("always")
-        (report,) = apply()
+        (report,) = apply(BACKPORT_ID)
     assert report.verdict is Verdict.UPSTREAM and report.action is Action.SKIPPED
     assert not [w for w in caught if issubclass(w.category, BackportWarning)]
     assert any("not applied (upstream)" in r.getMessage() for r in caplog.records)

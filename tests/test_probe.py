@@ -187,7 +187,7 @@ def megatron_checkout(tmp_path, monkeypatch):
         )
 
     upstream_commits(shas["fix.py"], shas["fix.py"])
-    monkeypatch.setattr(versions_module, "_megatron_core_dir", lambda: core)
+    monkeypatch.setattr(versions_module, "_package_dir", lambda package: core)
     return repo, shas, upstream_commits
 
 

@@ -43,26 +43,26 @@ def _entry(cache: Path) -> dict:
 
 
 def test_a_proved_verdict_is_kept_and_reused(tilelang_dsa, cache, probes):
-    (first,) = apply()
+    (first,) = apply(BACKPORT_ID)
     assert first.action is Action.INSTALLED and first.evidence["cache"]["hit"] is False
     stored = _entry(cache)
     assert stored["verdict"] == "needed" and stored["reason"] == first.reason
-    revert()
-    (again,) = apply()  # what a worker process does at the target's import
+    revert(BACKPORT_ID)
+    (again,) = apply(BACKPORT_ID)  # what a worker process does at the target's import
     assert again.action is Action.INSTALLED and again.verdict is Verdict.NEEDED
     assert again.evidence["cache"] == {"hit": True, "file": str(cache / f"{BACKPORT_ID}.json")}
     assert again.evidence["behaviour"] == first.evidence["behaviour"]
     assert tilelang_dsa.fused_sparse_mla_absorbed.__backport__ == BACKPORT_ID
-    assert probes == [BACKPORT_ID]  # the second apply() reused the first one's verdict
+    assert probes == [BACKPORT_ID]  # the second apply(BACKPORT_ID) reused the first one's verdict
 
 
 def test_a_changed_function_is_probed_again(tilelang_dsa, cache, probes, monkeypatch):
-    apply()
-    revert()
+    apply(BACKPORT_ID)
+    revert(BACKPORT_ID)
     # The same module and file, other code: megatron-core with the fix, say.
     monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
     with pytest.warns(UserWarning, match="already has the fix"):
-        (report,) = apply()
+        (report,) = apply(BACKPORT_ID)
     assert report.verdict is Verdict.UPSTREAM and report.action is Action.SKIPPED
     assert tilelang_dsa.fused_sparse_mla_absorbed is standins.fixed_upstream
     assert probes == [BACKPORT_ID, BACKPORT_ID]
@@ -71,13 +71,13 @@ def test_a_changed_function_is_probed_again(tilelang_dsa, cache, probes, monkeyp
 
 def test_the_stored_verdict_decides_for_its_key(tilelang_dsa, cache):
     """The control for the tests below: an entry that matches is believed."""
-    apply()
-    revert()
+    apply(BACKPORT_ID)
+    revert(BACKPORT_ID)
     path = cache / f"{BACKPORT_ID}.json"
     entry = _entry(cache)
     path.write_text(json.dumps({**entry, "verdict": "upstream", "reason": "from the cache"}))
     with pytest.warns(UserWarning, match="from the cache"):
-        (report,) = apply()
+        (report,) = apply(BACKPORT_ID)
     assert report.verdict is Verdict.UPSTREAM and report.evidence["cache"]["hit"] is True
 
 
@@ -97,11 +97,11 @@ def test_the_stored_verdict_decides_for_its_key(tilelang_dsa, cache):
          "bad-evidence"],
 )  # fmt: skip
 def test_a_corrupt_or_foreign_entry_is_ignored_and_replaced(tilelang_dsa, cache, probes, corrupt):
-    apply()
-    revert()
+    apply(BACKPORT_ID)
+    revert(BACKPORT_ID)
     path = cache / f"{BACKPORT_ID}.json"
     path.write_text(corrupt(_entry(cache)), encoding="utf-8", errors="surrogateescape")
-    (report,) = apply()
+    (report,) = apply(BACKPORT_ID)
     assert report.action is Action.INSTALLED and report.evidence["cache"]["hit"] is False
     assert probes == [BACKPORT_ID, BACKPORT_ID]
     assert _entry(cache)["verdict"] == "needed"  # a sound entry again
@@ -109,7 +109,7 @@ def test_a_corrupt_or_foreign_entry_is_ignored_and_replaced(tilelang_dsa, cache,
 
 def test_off_reads_and_writes_nothing(tilelang_dsa, cache, monkeypatch):
     monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE", "0")
-    (report,) = apply()
+    (report,) = apply(BACKPORT_ID)
     assert report.action is Action.INSTALLED and "cache" not in report.evidence
     assert not cache.exists()
 
@@ -138,8 +138,8 @@ def test_the_key_covers_torch_and_our_own_files(tilelang_dsa, monkeypatch, tmp_p
 
 def test_no_key_while_the_target_is_not_loaded_or_is_ours(tilelang_dsa, monkeypatch):
     spec = by_id(BACKPORT_ID)
-    apply()  # installed: the loaded function is our replacement
+    apply(BACKPORT_ID)  # installed: the loaded function is our replacement
     assert verdict_cache.fingerprint(spec) is None
-    revert()
+    revert(BACKPORT_ID)
     monkeypatch.delitem(__import__("sys").modules, tilelang_dsa.__name__)
     assert verdict_cache.fingerprint(spec) is None
