@@ -101,7 +101,9 @@ def test_0_18_2_wheel_is_absent(request, capsys):
     router = report_for(reports, "megatron-lm-6114")
     assert router["verdict"] == "needed", router
     assert "lined up against experts" in router["reason"]
-    assert report_for(reports, "megatron-lm-6793")["verdict"] == "absent"  # no carrier in 0.18
+    carrier = report_for(reports, "megatron-lm-6793")  # no carrier method in 0.18
+    assert carrier["verdict"] == "absent"
+    assert "with checkpointed_forward and DSAttention._get_index_share_carrier" in carrier["reason"]
 
 
 def test_0_19_2_wheel_still_needs_it(request, capsys):

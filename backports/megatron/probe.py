@@ -83,7 +83,8 @@ def probe_without_import(spec: BackportSpec) -> ProbeResult:
         return ProbeResult(
             Verdict.ABSENT,
             f"{describe(spec.target.distribution, evidence['distribution'])} predates "
-            f"{spec.target_since}, the first release with {spec.target.attribute}",
+            f"{spec.target_since}, the first release with "
+            f"{' and '.join(target.attribute for target in spec.targets)}",
             evidence,
         )
     return ProbeResult(Verdict.NEEDED, "target not probed yet", evidence, final=False)
