@@ -42,3 +42,22 @@ def _no_backport_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     revert()
     yield
     revert()
+
+
+def ids_installed_by_importing(module: str) -> list[str]:
+    """The catalog ids a process installs when its only megatron import is ``module``:
+    every entry whose targets are all defined in modules that import brings in. (An entry
+    with a target elsewhere, as #6793's recompute / DSA pair, waits for its modules.)"""
+    import subprocess
+    import sys
+
+    script = (
+        f"import sys, {module}\n"
+        "from backports.megatron.catalog import CATALOG\n"
+        "print(' '.join(s.id for s in CATALOG if all("
+        "any(m in sys.modules for m in t.modules) for t in s.targets)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300
+    )
+    return sorted(done.stdout.split())
