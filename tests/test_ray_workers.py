@@ -160,7 +160,10 @@ def test_ray_task_and_actors_import_megatron_patched(venv, mode, tmp_path):
     assert result["actors"] == [BACKPORT_ID, BACKPORT_ID, None]  # the third: MEGATRON_BACKPORTS=0
     assert result["agree"] == result["task_set"]
     assert "all" not in result
+    # Written out here as the message documents it: "id (short sha)", sorted, ", "-joined.
+    installed = ", ".join(f"{i} ({sha[:12]})" for i, sha in sorted(result["task_set"].items()))
+    assert f"{BACKPORT_ID} ({VENDORED_SHA[:12]})" in installed
     assert result["raised"].startswith(
         "megatron-backports differ across Ray actors; differing from actor 0: actor 2. "
-        f"Per actor: actors 0-1: {BACKPORT_ID} ({VENDORED_SHA[:12]}); actor 2: none. "
+        f"Per actor: actors 0-1: {installed}; actor 2: none. "
     )
