@@ -139,22 +139,13 @@ def _resolve_function(
     if function is None:
         return None
     original, installed = _unwrap(function, backport_id)
-    body, refused = _body_of(original, target, f"{module.__name__}.{target.attribute}")
     # Rebind where the function lives, never on a forwarder; fall back to the module we
     # found it in only when the defining module does not hold it under this name.
     defining = sys.modules.get(original.__module__) or module
     bound = vars(defining).get(target.attribute)
     if bound is None or (bound is not original and bound is not installed):
         defining = module
-    return ResolvedTarget(
-        module.__name__,
-        defining,
-        target.attribute,
-        original,
-        installed,
-        refused or _foreign(body or original, defining),
-        decorated=body is not None,
-    )
+    return _resolved(module, target, original, installed, defining)
 
 
 def _resolve_method(module: ModuleType, target: Target, backport_id: str) -> ResolvedTarget | None:
@@ -165,10 +156,22 @@ def _resolve_method(module: ModuleType, target: Target, backport_id: str) -> Res
         return None  # no such class, or the method is inherited: not defined here
     # vars(), not getattr(): the exact object in the class dict is what revert puts back.
     original, installed = _unwrap(vars(owner)[target.name], backport_id)
-    body, refused = _body_of(original, target, f"{module.__name__}.{target.attribute}")
     defining = sys.modules.get(owner.__module__) or module
     if getattr(defining, owner_name, None) is not owner:
         defining = module
+    return _resolved(module, target, original, installed, defining, owner)
+
+
+def _resolved(
+    module: ModuleType,
+    target: Target,
+    original: Any,
+    installed: Any,
+    defining: ModuleType,
+    owner: type | None = None,
+) -> ResolvedTarget:
+    """The target as found in ``module``: its body checked, and whether it is foreign."""
+    body, refused = _body_of(original, target, f"{module.__name__}.{target.attribute}")
     return ResolvedTarget(
         module.__name__,
         defining,
