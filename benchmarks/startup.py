@@ -102,6 +102,29 @@ def _time_pass(env: TrainingEnv) -> tuple[float, float]:
     return time.perf_counter() - start, _cpu_of_children() - cpu
 
 
+# The venvs ``python -c pass`` is timed in (tests/training_env.py builds them):
+# "pip_built": torch, megatron-core and what pip installs with them (setuptools, a
+# dependency of torch, whose distutils-precedence.pth runs at every start-up) linked into
+# the venv's one site-packages, as after `pip install torch megatron-core`; the other
+# figures are measured there. "bare": this package and packaging alone, no other .pth.
+_LAYOUTS = {"pip_built": "linked", "bare": "none"}
+
+
+def _pass_figures(times: dict[str, list[tuple[float, float]]]) -> dict[str, dict[str, float]]:
+    """Medians (wall and CPU, ms) of each variant and their ratios to "no hook"."""
+    figures: dict[str, dict[str, float]] = {}
+    # CPU time (user + system) of the child: steadier than wall time on a shared machine.
+    for index, kind in enumerate(("", "cpu_")):
+        medians = {
+            name: statistics.median(v[index] for v in values) for name, values in times.items()
+        }
+        figures[f"{kind}median_ms"] = {k: round(v * 1e3, 3) for k, v in medians.items()}
+        figures[f"{kind}ratio_to_no_hook"] = {
+            k: round(v / medians["no_hook"], 4) for k, v in medians.items()
+        }
+    return figures
+
+
 def startup_rounds(env: TrainingEnv, runs: int) -> dict[str, list[tuple[float, float]]]:
     hook_text = env.hook.read_text()
     other = env.site_packages / "zz_other_for_benchmark.pth"
@@ -209,18 +232,17 @@ def main() -> int:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="backports-bench-") as tmp:
-        env = create(Path(tmp) / "venv")
-        applied = env.run(["backports", "apply"], timeout=600)
-        if applied.returncode != 0 or not env.hook.exists():
-            raise RuntimeError(applied.stdout + applied.stderr)
-        times = startup_rounds(env, args.runs)
+        envs = {name: create(Path(tmp) / name, packages=how) for name, how in _LAYOUTS.items()}
+        for env in envs.values():
+            applied = env.run(["backports", "apply"], timeout=600)
+            if applied.returncode != 0 or not env.hook.exists():
+                raise RuntimeError(applied.stdout + applied.stderr)
+        passes = {layout: startup_rounds(env, args.runs) for layout, env in envs.items()}
+        env = envs["pip_built"]
         hook_times = hook_rounds(env, args.hook_runs)
         imports = import_rounds(env, args.import_runs) if args.import_runs else None
         timing = apply_timing(env, args.apply_runs)
 
-    medians = {name: statistics.median(w for w, _ in values) for name, values in times.items()}
-    cpu_medians = {name: statistics.median(c for _, c in values) for name, values in times.items()}
-    base, cpu_base = medians["no_hook"], cpu_medians["no_hook"]
     after_import: list[float] = timing["probe_apply_after_import_s"]
     cached: list[float] = timing["cached_apply_after_import_s"]
     hook_figures: dict[str, Any] = {"runs": args.hook_runs}
@@ -240,11 +262,7 @@ def main() -> int:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "runs": args.runs,
-        "python_c_pass_median_ms": {k: round(v * 1e3, 3) for k, v in medians.items()},
-        "ratio_to_no_hook": {k: round(v / base, 4) for k, v in medians.items()},
-        # CPU time (user + system) of the child: steadier than wall time on a shared machine.
-        "python_c_pass_cpu_median_ms": {k: round(v * 1e3, 3) for k, v in cpu_medians.items()},
-        "cpu_ratio_to_no_hook": {k: round(v / cpu_base, 4) for k, v in cpu_medians.items()},
+        "python_c_pass": {layout: _pass_figures(times) for layout, times in passes.items()},
         "megatron_import_s": round(timing["megatron_import_s"], 3),
         "probe_apply_after_import_ms": {
             "first": round(after_import[0] * 1e3, 2),
@@ -270,13 +288,14 @@ def main() -> int:
         result["process_importing_megatron_median"] = figures
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"python -c pass, median of {args.runs} interleaved runs each:")
-    for name, value in medians.items():
-        cpu = cpu_medians[name]
-        print(
-            f"  {name:16s} {value * 1e3:8.2f} ms   x{value / base:.3f}   "
-            f"cpu {cpu * 1e3:8.2f} ms   x{cpu / cpu_base:.3f}"
-        )
+    for layout, figures in result["python_c_pass"].items():
+        print(f"python -c pass, {layout} venv, median of {args.runs} interleaved runs each:")
+        for name, value in figures["median_ms"].items():
+            print(
+                f"  {name:16s} {value:8.3f} ms   x{figures['ratio_to_no_hook'][name]:.4f}   "
+                f"cpu {figures['cpu_median_ms'][name]:8.3f} ms   "
+                f"x{figures['cpu_ratio_to_no_hook'][name]:.4f}"
+            )
     print(f"megatron target import: {result['megatron_import_s']} s")
     print(f"probe + apply after import: {result['probe_apply_after_import_ms']}")
     print(f"trigger at megatron's first import: {result['trigger_at_megatron_import_ms']}")

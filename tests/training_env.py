@@ -6,10 +6,14 @@ site-packages, ``bin/backports`` is its console script, and every interpreter of
 processes that site-packages' ``.pth`` files at start-up. torch and megatron-core come
 from the test interpreter's environment through a ``.pth`` path line (installing them
 again would take minutes); such a line only extends ``sys.path``, so that environment's
-own ``.pth`` files (an editable install of this repository, say) stay out.
+own ``.pth`` files (an editable install of this repository, say) stay out. The start-up
+benchmark also builds the two other layouts ``create`` knows: packages linked into the
+venv's own site-packages (one folder, as pip leaves it), and a bare venv.
 """
 
+import importlib.metadata
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -108,14 +112,59 @@ def _base_paths() -> list[str]:
     return list(dict.fromkeys([paths["purelib"], paths["platlib"], *added]))
 
 
-def create(root: Path, *, install: bool = True) -> TrainingEnv:
-    """A venv at ``root`` seeing this environment's packages, with this repo installed."""
+def _ours(name: str) -> bool:
+    """An entry of this distribution (an editable install of it, say) or of its hook."""
+    lowered = name.lower()
+    return (
+        lowered.startswith(("megatron_backports", "__editable__"))
+        or lowered == "backports"  # a namespace folder: pip would write through a link
+        or name in (HOOK_FILE, "_base_environment.pth", "__pycache__")
+    )
+
+
+def _runtime_requirements() -> set[str]:
+    """Import names of what megatron-backports needs to run (``packaging``), not extras."""
+    requires = importlib.metadata.requires("megatron-backports") or []
+    return {
+        re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0].lower() for r in requires if "extra" not in r
+    }
+
+
+def _link_packages(site_packages: Path, only: set[str] | None = None) -> None:
+    """Link entries of this environment's site-packages into ``site_packages``: all of them
+    (one folder holding torch, megatron-core and setuptools, whose ``distutils-precedence.pth``
+    runs at every start-up, as in any venv where pip installed torch, as pip leaves it), or
+    ``only`` the named distributions (their package folder and ``.dist-info``)."""
+    for base in _base_paths():
+        for entry in sorted(Path(base).iterdir()):
+            link = site_packages / entry.name
+            wanted = only is None or entry.name.lower().split("-")[0] in only
+            if wanted and not _ours(entry.name) and not link.exists():
+                link.symlink_to(entry, target_is_directory=entry.is_dir())
+
+
+def create(root: Path, *, install: bool = True, packages: str = "path-line") -> TrainingEnv:
+    """A venv at ``root`` seeing this environment's packages, with this repo installed.
+
+    ``packages`` says how: ``"path-line"`` (a ``.pth`` line adds this environment's
+    site-packages to ``sys.path``; their ``.pth`` files stay out), ``"linked"`` (each entry
+    linked into the venv's own site-packages, ``.pth`` files included), or ``"none"`` (a
+    bare venv: this repository, installed from a wheel built here, and ``packaging``).
+    """
+    if packages not in ("path-line", "linked", "none"):
+        raise ValueError(f"packages must be path-line, linked or none, not {packages!r}")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
     python = root / "bin" / "python"
     site_packages = _purelib(python)
-    base = dict.fromkeys(_base_paths())
-    (site_packages / "_base_environment.pth").write_text("\n".join(base) + "\n")
+    if packages == "path-line":
+        base = dict.fromkeys(_base_paths())
+        (site_packages / "_base_environment.pth").write_text("\n".join(base) + "\n")
+    else:
+        _link_packages(site_packages, None if packages == "linked" else _runtime_requirements())
     env = TrainingEnv(root, python, site_packages)
+    if install and packages == "none":
+        _install_wheel(env)
+        return env
     if install:
         source = _copy_source(root / "src")
         done = env.run(
@@ -129,3 +178,22 @@ def create(root: Path, *, install: bool = True) -> TrainingEnv:
             raise RuntimeError(f"pip install failed:\n{done.stdout}\n{done.stderr}")
         shutil.rmtree(source)
     return env
+
+
+def _install_wheel(env: TrainingEnv) -> None:
+    """Build this repository's wheel here and install it with this pip into ``env``, whose
+    interpreter has no pip and no setuptools of its own."""
+    source = _copy_source(env.root / "src")
+    wheels = env.root / "wheels"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    quiet = ["--quiet", "--no-deps", "--no-index"]
+    _pip(*pip, "wheel", *quiet, "--no-build-isolation", "-w", str(wheels), str(source))
+    _pip(*pip, "--python", str(env.python), "install", *quiet, *map(str, wheels.glob("*.whl")))
+    shutil.rmtree(source)
+    shutil.rmtree(wheels)
+
+
+def _pip(*command: str) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}")

@@ -5,6 +5,7 @@ one, and the target's modules say which of its packages is the one imported.
 """
 
 import ast
+import csv
 import importlib.metadata
 import sys
 from collections.abc import Sequence
@@ -67,12 +68,25 @@ def _package_dir(package: str) -> Path | None:
 
 
 def _own_packages(distribution: str) -> list[str]:
-    """The distribution's regular packages (folders with ``__init__.py``), shallowest first."""
+    """The distribution's regular packages (folders with ``__init__.py``), shallowest first.
+
+    Read from RECORD's text: ``Distribution.files`` builds a path object and stats the file
+    for each of its rows (~1,100 for megatron-core, ~14 ms), once per target of every
+    entry, in every process that imports megatron. ``files`` only where there is no
+    RECORD (an egg-info install lists its files elsewhere).
+    """
     try:
-        files = importlib.metadata.distribution(distribution).files or []
+        dist = importlib.metadata.distribution(distribution)
     except importlib.metadata.PackageNotFoundError:
         return []
-    found = {".".join(f.parts[:-1]) for f in files if f.name == "__init__.py" and len(f.parts) > 1}
+    record = dist.read_text("RECORD")
+    if record is not None:
+        rows = [line for line in record.splitlines() if "__init__.py" in line]  # ~1 in 12
+        names = (row[0] for row in csv.reader(rows) if row)
+        inits = [tuple(name.split("/")) for name in names if name.endswith("/__init__.py")]
+    else:
+        inits = [f.parts for f in dist.files or [] if f.name == "__init__.py"]
+    found = {".".join(parts[:-1]) for parts in inits if len(parts) > 1}
     return sorted(found, key=lambda name: (name.count("."), name))
 
 
