@@ -67,7 +67,16 @@ def _package_dir(package: str) -> Path | None:
     return None
 
 
-def _own_packages(distribution: str) -> list[str]:
+def _find(distribution: str) -> importlib.metadata.Distribution | None:
+    """The installed distribution, looked up once for both of its uses below (each look-up
+    scans ``sys.path``)."""
+    try:
+        return importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _own_packages(dist: importlib.metadata.Distribution | None) -> list[str]:
     """The distribution's regular packages (folders with ``__init__.py``), shallowest first.
 
     Read from RECORD's text: ``Distribution.files`` builds a path object and stats the file
@@ -75,9 +84,7 @@ def _own_packages(distribution: str) -> list[str]:
     entry, in every process that imports megatron. ``files`` only where there is no
     RECORD (an egg-info install lists its files elsewhere).
     """
-    try:
-        dist = importlib.metadata.distribution(distribution)
-    except importlib.metadata.PackageNotFoundError:
+    if dist is None:
         return []
     record = dist.read_text("RECORD")
     if record is not None:
@@ -95,11 +102,13 @@ def _is_package_on_path(package: str) -> bool:
     return any((Path(entry or ".") / relative).is_file() for entry in sys.path)
 
 
-def _target_package(distribution: str, modules: Sequence[str]) -> str | None:
+def _target_package(
+    dist: importlib.metadata.Distribution | None, modules: Sequence[str]
+) -> str | None:
     """The outermost regular package that holds a target module: one of the distribution's
     own when it is installed, else one on ``sys.path`` (a source tree). Without modules,
     the distribution's shallowest package."""
-    own = _own_packages(distribution)
+    own = _own_packages(dist)
     for module in modules:
         parts = module.split(".")
         for end in range(1, len(parts) + 1):
@@ -132,19 +141,13 @@ def _version_from_package_info(package_dir: Path) -> Version | None:
         return None
 
 
-def _distribution_package_dir(distribution: str, package: str) -> Path | None:
+def _distribution_package_dir(dist: importlib.metadata.Distribution, package: str) -> Path | None:
     """Where the distribution's own ``package`` files are (None for an editable install,
     whose files are elsewhere).
 
-    ``locate_file`` rather than the ``files`` list: that parses every row of RECORD (~2,000
-    for megatron-core, ~30 ms), and this runs in every process that imports megatron.
+    ``locate_file`` rather than the ``files`` list (see ``_own_packages``).
     """
-    try:
-        found = importlib.metadata.distribution(distribution).locate_file(
-            "/".join([*package.split("."), "__init__.py"])
-        )
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    found = dist.locate_file("/".join([*package.split("."), "__init__.py"]))
     path = Path(str(found))
     return path.resolve().parent if path.is_file() else None
 
@@ -154,15 +157,16 @@ def installed_version(distribution: str, modules: Sequence[str] = ()) -> Install
     when they differ: metadata describes what pip installed, not what ``sys.path`` finds
     first. ``modules`` are the target's candidate modules: they name the package to look
     for (default: the distribution's shallowest package)."""
-    package = _target_package(distribution, modules)
+    dist = _find(distribution)
+    package = _target_package(dist, modules)
     package_dir = None if package is None else _package_dir(package)
     try:
         metadata: Version | None = Version(importlib.metadata.version(distribution))
     except (importlib.metadata.PackageNotFoundError, InvalidVersion):
         metadata = None
     own_dir = None
-    if metadata is not None and package is not None:
-        own_dir = _distribution_package_dir(distribution, package)
+    if dist is not None and metadata is not None and package is not None:
+        own_dir = _distribution_package_dir(dist, package)
     if metadata is not None and (package_dir is None or own_dir in (None, package_dir)):
         return InstalledVersion(metadata, "metadata", package_dir, package=package)
     if package_dir is not None:
