@@ -240,8 +240,14 @@ report = next(r for r in bm.apply() if r.id == "{BACKPORT_ID}")
 assert report.action == "deferred", report
 assert not any(m == "megatron" or m.startswith("megatron.") for m in sys.modules), "imported"
 assert "torch" not in sys.modules
+from backports.megatron import patcher
+scans, scan = [], patcher._bindings_of_each
+patcher._bindings_of_each = lambda objs: scans.append([o.__name__ for o in objs]) or scan(objs)
 import {TILELANG_DSA} as m
 assert m.fused_sparse_mla_absorbed.__backport__ == "{BACKPORT_ID}"
+assert m._can_use_fused_sparse_indexer_target.__backport__ == "megatron-lm-7091"
+both = ["fused_sparse_mla_absorbed", "_can_use_fused_sparse_indexer_target"]
+assert [names for names in scans if set(names) & set(both)] == [both], scans
 from megatron.core.transformer.experimental_attention_variant import dsa_tilelang_kernels
 again = next(r for r in bm.apply() if r.id == "{BACKPORT_ID}")
 assert again.action == "already-installed", again
@@ -257,3 +263,64 @@ def test_apply_before_import_patches_on_first_import():
     done = subprocess.run([sys.executable, "-c", LAZY], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "lazy ok" in done.stdout
+
+
+def test_backports_waiting_for_one_module_install_together(tilelang_dsa, monkeypatch):
+    """At the import of a module two deferred backports wait for (#7617 and #7091 both
+    patch tilelang_dsa), one callback probes both and installs them with one scan for
+    aliases: a scan reads every global of every module (~5 ms each with torch loaded)."""
+    from backports.megatron import api, patcher, post_import
+    from backports.megatron.catalog import MEGATRON_LM_7091, MEGATRON_LM_7617
+
+    scans = []
+    real = patcher._bindings_of_each
+    monkeypatch.setattr(patcher, "_bindings_of_each", lambda objs: scans.append(objs) or real(objs))
+    originals = (
+        tilelang_dsa.fused_sparse_mla_absorbed,
+        tilelang_dsa._can_use_fused_sparse_indexer_target,
+    )
+    for spec in (MEGATRON_LM_7617, MEGATRON_LM_7091):  # as apply() does before the import
+        api._watch_target(spec, strict=False, upstream_only=False)
+    post_import._notify(tilelang_dsa)  # what the import of the module runs
+    assert tilelang_dsa.fused_sparse_mla_absorbed.__backport__ == MEGATRON_LM_7617.id
+    assert tilelang_dsa._can_use_fused_sparse_indexer_target.__backport__ == MEGATRON_LM_7091.id
+    assert [{id(o) for o in objs} for objs in scans] == [{id(o) for o in originals}]
+    reports = {
+        r.id: r for r in (api.last_report(s.id) for s in (MEGATRON_LM_7617, MEGATRON_LM_7091))
+    }
+    assert {r.action for r in reports.values()} == {Action.INSTALLED}
+    revert()
+    assert (
+        tilelang_dsa.fused_sparse_mla_absorbed,
+        tilelang_dsa._can_use_fused_sparse_indexer_target,
+    ) == originals
+    assert not post_import.registered(f"backports.megatron:{MEGATRON_LM_7617.id}")
+
+
+def test_a_strict_backport_fails_the_import_after_the_others_installed(tilelang_dsa, monkeypatch):
+    from backports.megatron import api, post_import
+    from backports.megatron.catalog import MEGATRON_LM_7091, MEGATRON_LM_7617
+
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)
+    api._watch_target(MEGATRON_LM_7617, strict=True, upstream_only=False)
+    api._watch_target(MEGATRON_LM_7091, strict=False, upstream_only=False)
+    refused = f"{MEGATRON_LM_7617.id} is incompatible"
+    with (
+        pytest.raises(BackportError, match=refused) as failed,
+        pytest.warns(BackportWarning, match="incompatible"),
+    ):
+        post_import._notify(tilelang_dsa)
+    assert getattr(failed.value, "fatal_on_import", False)  # post_import lets it fail the import
+    assert tilelang_dsa.fused_sparse_mla_absorbed is standins.new_signature
+    assert tilelang_dsa._can_use_fused_sparse_indexer_target.__backport__ == MEGATRON_LM_7091.id
+
+
+def test_apply_after_the_import_scans_for_aliases_once(tilelang_dsa, monkeypatch):
+    from backports.megatron import patcher
+
+    scans = []
+    real = patcher._bindings_of_each
+    monkeypatch.setattr(patcher, "_bindings_of_each", lambda objs: scans.append(objs) or real(objs))
+    installed = [r.id for r in apply() if r.action is Action.INSTALLED]
+    assert {"megatron-lm-7617", "megatron-lm-7091"} <= set(installed)
+    assert len(scans) == 1 and len(scans[0]) >= 2

@@ -518,11 +518,11 @@ def test_apply_is_all_or_nothing_when_the_method_cannot_be_installed(holders, ds
     install_part = patcher._install_part
     rebound_first: list[bool] = []
 
-    def fail_on_the_method(target: Any, replacement: Any) -> Any:
+    def fail_on_the_method(target: Any, replacement: Any, *args: Any) -> Any:
         if target.is_method:
             rebound_first.append(vars(holders[1])["checkpointed_forward"] is not original)
             raise RuntimeError("class attribute refused")
-        return install_part(target, replacement)
+        return install_part(target, replacement, *args)
 
     monkeypatch.setattr(patcher, "_install_part", fail_on_the_method)
     report = report_for(apply(only=BACKPORT_ID), BACKPORT_ID)

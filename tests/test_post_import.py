@@ -16,6 +16,7 @@ def module_dir(tmp_path, monkeypatch):
     for name in [n for n in sys.modules if n.startswith("hooked_pkg")]:
         del sys.modules[name]
     post_import.unregister("test")
+    post_import.unregister("test-other")
 
 
 def _write_package(root):
@@ -85,3 +86,25 @@ def test_unwatched_modules_are_untouched(module_dir):
     post_import.register("hooked_pkg.other", "test", lambda m: None)
     module = importlib.import_module("hooked_pkg.target")
     assert type(module.__loader__).__name__ != "_NotifyingLoader"
+
+
+def test_a_callback_under_several_keys_runs_once_per_import(module_dir):
+    """One callback may serve several keys (the api's, one per backport): it runs once per
+    import, and stays registered until its last key is dropped."""
+    _write_package(module_dir)
+    seen = []
+
+    def callback(module):
+        seen.append(module.answer())
+
+    post_import.register("hooked_pkg.target", "test", callback)
+    post_import.register("hooked_pkg.target", "test-other", callback)
+    post_import.register("hooked_pkg.target", "test-other", callback)  # again: still once
+    module = importlib.import_module("hooked_pkg.target")
+    assert seen == [42]
+    post_import.unregister("test")
+    importlib.reload(module)
+    assert seen == [42, 42]
+    post_import.unregister("test-other")
+    importlib.reload(module)
+    assert seen == [42, 42]

@@ -143,3 +143,35 @@ def test_no_key_while_the_target_is_not_loaded_or_is_ours(tilelang_dsa, monkeypa
     revert(BACKPORT_ID)
     monkeypatch.delitem(__import__("sys").modules, tilelang_dsa.__name__)
     assert verdict_cache.fingerprint(spec) is None
+
+
+def test_one_look_reads_megatron_cores_record_once_for_every_key(tilelang_dsa, monkeypatch):
+    """The keys of every entry hash megatron-core's RECORD (and list our own files): at a
+    target's import, inside one look, that is read once; outside one, every key reads
+    afresh (a reinstall between two calls changes it)."""
+    import importlib.metadata
+
+    from backports.megatron.catalog import CATALOG
+    from backports.megatron.one_look import one_look
+
+    reads: list[str] = []
+    real = importlib.metadata.PathDistribution.read_text
+    monkeypatch.setattr(
+        importlib.metadata.PathDistribution,
+        "read_text",
+        lambda self, name: reads.append(name) or real(self, name),
+    )
+    listed: list[str] = []
+    scandir = verdict_cache.os.scandir
+    monkeypatch.setattr(verdict_cache.os, "scandir", lambda p: listed.append(str(p)) or scandir(p))
+    loaded = [spec for spec in CATALOG if verdict_cache.fingerprint(spec) is not None]
+    assert len(loaded) >= 2 and reads.count("RECORD") >= len(loaded)  # a read per target
+    reads.clear()
+    listed.clear()
+    with one_look():
+        keys = [verdict_cache.fingerprint(spec) for spec in loaded]
+        assert [verdict_cache.fingerprint(spec) for spec in loaded] == keys
+        assert reads.count("RECORD") == 1
+        assert listed.count(str(verdict_cache._PACKAGE_DIR)) == 1  # our files: listed once
+    assert verdict_cache.fingerprint(loaded[0]) == keys[0]
+    assert reads.count("RECORD") > 1

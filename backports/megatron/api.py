@@ -14,6 +14,7 @@ from . import once_per_job, patcher, post_import, switches, verdict_cache
 from .catalog import BackportSpec, select, select_withheld, source
 from .errors import BackportError, BackportWarning
 from .local_changes import wrap_all
+from .one_look import one_look
 from .probe import ProbeResult, probe, probe_without_import
 from .report import Action, Report, Verdict
 from .targets import all_loaded, find_loaded_target, live_decorator
@@ -34,6 +35,8 @@ _LOG = logging.getLogger("backports.megatron")
 _SKIPPED = (Verdict.UPSTREAM, Verdict.INCOMPATIBLE, Verdict.ABSENT)
 _warned: set[tuple[str, Verdict]] = set()
 _last: dict[str, Report] = {}  # id -> what apply last decided in this process
+# id -> (spec, strict, upstream_only) of each backport whose post-import hook is registered.
+_watched: dict[str, tuple[BackportSpec, bool, bool]] = {}
 
 
 class _StrictFailure(BackportError):
@@ -107,26 +110,54 @@ def _replacements(
     return replacements
 
 
-def _finish(spec: BackportSpec, result: ProbeResult, upstream_only: bool) -> Report:
-    """Install on ``needed``; otherwise skip. Records and announces the outcome."""
-    evidence = {**result.evidence, **mode_evidence(spec, upstream_only)}
-    if result.verdict is Verdict.NEEDED and result.targets:
-        mode = UPSTREAM_ONLY if upstream_only else WITH_LOCAL_CHANGES
+# A backport's probe result, and the mode (upstream only or not) it is to install in.
+_Decided = tuple[BackportSpec, ProbeResult, bool]
+_Outcome = tuple[patcher.Installation, bool] | Exception | None
+
+
+def _finish_all(decided: list[_Decided]) -> list[Report]:
+    """Install each ``needed`` backport, with one scan for aliases for them all (it reads
+    every module's globals: ~5 ms with torch loaded); skip the others. Records and
+    announces each outcome, in order."""
+    requests: list[patcher.Request] = []
+    positions: list[int] = []
+    outcomes: dict[int, _Outcome] = {}
+    for index, (spec, result, upstream_only) in enumerate(decided):
+        if result.verdict is not Verdict.NEEDED or not result.targets:
+            continue
         try:
             replacements = _replacements(spec, result, upstream_only)
-            _, fresh = patcher.install(spec.id, replacements, markers={"__backport_mode__": mode})
-        except Exception as exc:  # nothing was rebound (install undoes a partial rebind)
-            reason = f"install failed: {type(exc).__name__}: {exc}"
-            report = Report(spec.id, Verdict.INCOMPATIBLE, Action.SKIPPED, reason, evidence)
-        else:
-            action = Action.INSTALLED if fresh else Action.ALREADY_INSTALLED
-            suffix = " [upstream only: no local changes]" if upstream_only else ""
-            report = Report(spec.id, result.verdict, action, result.reason + suffix, evidence)
-    else:
-        report = Report(spec.id, result.verdict, Action.SKIPPED, result.reason, evidence)
-    _last[spec.id] = report
-    _announce(report)
-    return report
+        except Exception as exc:
+            outcomes[index] = exc
+            continue
+        mode = UPSTREAM_ONLY if upstream_only else WITH_LOCAL_CHANGES
+        requests.append((spec.id, replacements, {"__backport_mode__": mode}))
+        positions.append(index)
+    outcomes.update(zip(positions, patcher.install_all(requests), strict=True))
+    reports = []
+    for index, (spec, result, upstream_only) in enumerate(decided):
+        report = _report(spec, result, upstream_only, outcomes.get(index))
+        _last[spec.id] = report
+        _announce(report)
+        reports.append(report)
+    return reports
+
+
+def _report(
+    spec: BackportSpec, result: ProbeResult, upstream_only: bool, outcome: _Outcome
+) -> Report:
+    """What became of a probed backport: skipped (``outcome`` None), not installed (an
+    exception: install undid any partial rebind), or installed."""
+    evidence = {**result.evidence, **mode_evidence(spec, upstream_only)}
+    if outcome is None:
+        return Report(spec.id, result.verdict, Action.SKIPPED, result.reason, evidence)
+    if isinstance(outcome, Exception):
+        reason = f"install failed: {type(outcome).__name__}: {outcome}"
+        return Report(spec.id, Verdict.INCOMPATIBLE, Action.SKIPPED, reason, evidence)
+    _, fresh = outcome
+    action = Action.INSTALLED if fresh else Action.ALREADY_INSTALLED
+    suffix = " [upstream only: no local changes]" if upstream_only else ""
+    return Report(spec.id, result.verdict, action, result.reason + suffix, evidence)
 
 
 def _probe_with_cache(spec: BackportSpec) -> ProbeResult:
@@ -175,28 +206,40 @@ def is_deferred(spec: BackportSpec) -> bool:
 def _watch_target(spec: BackportSpec, strict: bool, upstream_only: bool) -> None:
     """Probe and install on every (re-)import of a target module: the first import of a
     deferred backport, and a reload or fresh import that put an original back."""
-    for module_name in dict.fromkeys(m for target in spec.targets for m in target.modules):
-        callback = _on_target_import(spec, strict, upstream_only)
-        post_import.register(module_name, _hook_key(spec), callback)
+    _watched[spec.id] = (spec, strict, upstream_only)
+    for module_name in _target_modules(spec):
+        post_import.register(module_name, _hook_key(spec), _on_target_import)
 
 
-def _on_target_import(
-    spec: BackportSpec, strict: bool, upstream_only: bool
-) -> post_import.Callback:
-    def callback(module: ModuleType) -> None:
-        with patcher.lock():
-            if patcher.installed(spec.id) is not None:
-                return
-            if not all_loaded(spec.targets, spec.id):
-                return  # another target's module is still to come: it probes then
-            report = _finish(spec, _probe_with_cache(spec), upstream_only)
-        if strict and report.verdict is Verdict.INCOMPATIBLE:
-            raise _StrictFailure(f"{spec.id} is incompatible: {report.reason}")
-
-    return callback
+def _target_modules(spec: BackportSpec) -> list[str]:
+    return list(dict.fromkeys(m for target in spec.targets for m in target.modules))
 
 
-def _apply_one(spec: BackportSpec, strict: bool, upstream_only: bool) -> Report:
+def _on_target_import(module: ModuleType) -> None:
+    """Every watched backport that waits for ``module`` and whose targets are now all loaded,
+    probed and installed together. One call for them all (post_import runs a callback
+    registered under several keys once per import): their installs share one scan for aliases."""
+    with patcher.lock(), one_look():
+        due = [
+            (spec, strict, upstream_only)
+            for spec, strict, upstream_only in _watched.values()
+            if module.__name__ in _target_modules(spec)
+            and patcher.installed(spec.id) is None
+            and all_loaded(spec.targets, spec.id)  # else a later target's import probes
+        ]
+        reports = _finish_all([(spec, _probe_with_cache(spec), mode) for spec, _, mode in due])
+    failures = [
+        f"{report.id} is incompatible: {report.reason}"
+        for (_, strict, _), report in zip(due, reports, strict=True)
+        if strict and report.verdict is Verdict.INCOMPATIBLE
+    ]
+    if failures:
+        raise _StrictFailure("; ".join(failures))
+
+
+def _apply_early(spec: BackportSpec, strict: bool, upstream_only: bool) -> Report | None:
+    """What ``apply`` decides for ``spec`` before probing a loaded target (disabled,
+    installed, absent, drifted, or deferred to the target's import); None: probe it."""
     reason = disabled_reason(spec)
     if reason is not None:
         return Report(spec.id, Verdict.DISABLED, Action.SKIPPED, reason)
@@ -213,7 +256,7 @@ def _apply_one(spec: BackportSpec, strict: bool, upstream_only: bool) -> Report:
         )
     early = probe_without_import(spec)
     if early.final:
-        return _finish(spec, early, upstream_only)
+        return _finish_all([(spec, early, upstream_only)])[0]
     if not all_loaded(spec.targets, spec.id):
         # Patch the moment megatron defines the target, not before: importing megatron
         # here would cost the job ~9 s and happen in every process the hook reaches.
@@ -225,10 +268,17 @@ def _apply_one(spec: BackportSpec, strict: bool, upstream_only: bool) -> Report:
         )
         evidence = {**early.evidence, **mode_evidence(spec, upstream_only)}
         return Report(spec.id, Verdict.NEEDED, Action.DEFERRED, reason, evidence)
-    report = _finish(spec, _probe_with_cache(spec), upstream_only)
-    if report.action is Action.INSTALLED:
-        _watch_target(spec, strict, upstream_only)
-    return report
+    return None
+
+
+def _install_loaded(specs: list[BackportSpec], strict: bool, upstream_only: bool) -> list[Report]:
+    """Probe backports whose targets are loaded, install the needed ones together, and
+    watch each installed one for a re-import of its target."""
+    reports = _finish_all([(spec, _probe_with_cache(spec), upstream_only) for spec in specs])
+    for spec, report in zip(specs, reports, strict=True):
+        if report.action is Action.INSTALLED:
+            _watch_target(spec, strict, upstream_only)
+    return reports
 
 
 def _selection(only: str | Iterable[str] | None) -> tuple[str, ...] | None:
@@ -265,8 +315,12 @@ def apply(
     """
     upstream_only = upstream_only_requested(upstream_only)
     ids = _selection(only)
-    with patcher.lock():
-        reports = [_apply_one(spec, strict, upstream_only) for spec in select(ids)]
+    with patcher.lock(), one_look():
+        specs = select(ids)
+        early = [_apply_early(spec, strict, upstream_only) for spec in specs]
+        due = [spec for spec, report in zip(specs, early, strict=True) if report is None]
+        probed = iter(_install_loaded(due, strict, upstream_only))
+        reports = [report if report is not None else next(probed) for report in early]
     withheld = _withheld(ids, Action.SKIPPED)
     for report in withheld:
         _announce(report, stacklevel=3)
@@ -281,25 +335,27 @@ def apply(
 def status(only: str | Iterable[str] | None = None) -> list[Report]:
     """Probe each backport and say what ``apply`` would do; changes nothing."""
     ids = _selection(only)
-    reports = []
-    for spec in select(ids):
-        reason = disabled_reason(spec)
-        if reason is not None:
-            reports.append(Report(spec.id, Verdict.DISABLED, Action.WOULD_SKIP, reason))
-            continue
-        result = probe(spec)
-        mode = installed_mode(spec.id)
-        if mode is not None:
-            action = Action.ALREADY_INSTALLED
-        elif result.verdict is Verdict.NEEDED:
-            action = Action.WOULD_INSTALL
-        else:
-            action = Action.WOULD_SKIP
-        upstream_only = upstream_only_requested() if mode is None else mode == UPSTREAM_ONLY
-        evidence = {**result.evidence, **mode_evidence(spec, upstream_only)}
-        reason = result.reason + (" [upstream only: no local changes]" if upstream_only else "")
-        reports.append(Report(spec.id, result.verdict, action, reason, evidence))
+    with one_look():
+        reports = [_status_one(spec) for spec in select(ids)]
     return _sourced(reports) + _withheld(ids, Action.WOULD_SKIP)
+
+
+def _status_one(spec: BackportSpec) -> Report:
+    reason = disabled_reason(spec)
+    if reason is not None:
+        return Report(spec.id, Verdict.DISABLED, Action.WOULD_SKIP, reason)
+    result = probe(spec)
+    mode = installed_mode(spec.id)
+    if mode is not None:
+        action = Action.ALREADY_INSTALLED
+    elif result.verdict is Verdict.NEEDED:
+        action = Action.WOULD_INSTALL
+    else:
+        action = Action.WOULD_SKIP
+    upstream_only = upstream_only_requested() if mode is None else mode == UPSTREAM_ONLY
+    evidence = {**result.evidence, **mode_evidence(spec, upstream_only)}
+    reason = result.reason + (" [upstream only: no local changes]" if upstream_only else "")
+    return Report(spec.id, result.verdict, action, reason, evidence)
 
 
 def revert(only: str | Iterable[str] | None = None) -> list[Report]:
@@ -310,6 +366,7 @@ def revert(only: str | Iterable[str] | None = None) -> list[Report]:
         for spec in select(ids):
             pending = is_deferred(spec)
             post_import.unregister(_hook_key(spec))
+            _watched.pop(spec.id, None)
             removed = patcher.uninstall(spec.id)
             last = _last.pop(spec.id, None)
             # A later apply() is a new decision and may warn again.

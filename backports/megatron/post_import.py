@@ -84,7 +84,8 @@ _FINDER = _Finder()
 
 def _notify(module: ModuleType) -> None:
     with _LOCK:
-        callbacks = list(_CALLBACKS.get(module.__name__, {}).values())
+        # Once each, however many keys registered it: a callback may serve several keys.
+        callbacks = list(dict.fromkeys(_CALLBACKS.get(module.__name__, {}).values()))
     for callback in callbacks:
         try:
             callback(module)
@@ -97,7 +98,8 @@ def _notify(module: ModuleType) -> None:
 
 
 def register(module_name: str, key: str, callback: Callback) -> None:
-    """Call ``callback(module)`` each time ``module_name`` finishes executing."""
+    """Call ``callback(module)`` each time ``module_name`` finishes executing: once per
+    import, even when registered under several keys (each key is unregistered alone)."""
     with _LOCK:
         _CALLBACKS.setdefault(module_name, {})[key] = callback
         if _FINDER not in sys.meta_path:

@@ -27,6 +27,7 @@ whole (a temporary file renamed into place), one per backport id.
 """
 
 import hashlib
+import importlib.metadata
 import json
 import logging
 import marshal
@@ -39,6 +40,7 @@ from typing import Any
 
 from . import switches
 from .catalog import BackportSpec, Target
+from .one_look import remembered
 from .targets import find_loaded_target
 
 __all__ = ["CACHE", "CACHE_DIR", "FORMAT", "enabled", "fingerprint", "load", "locations", "store"]
@@ -121,24 +123,35 @@ def _vendored(spec: BackportSpec) -> str:
 
 def _distribution(name: str, module: str, source: str) -> dict[str, Any] | None:
     """The installed distribution that ``source`` belongs to, or None if it does not."""
-    import importlib.metadata
+    found = remembered(("verdict_cache", name), lambda: _record(name))
+    if found is None:
+        return None
+    dist, key = found
+    relative = module.replace(".", "/") + (
+        "/__init__.py" if source.endswith("__init__.py") else ".py"
+    )
+    owned = Path(str(dist.locate_file(relative)))
+    if not owned.is_file() or not owned.samefile(source):
+        return None
+    return dict(key)
 
+
+def _record(name: str) -> tuple[importlib.metadata.Distribution, dict[str, Any]] | None:
+    """The distribution, and what of it goes into a key: its version, and its RECORD's
+    sha256 (a reinstall that changes any file changes it)."""
     try:
         dist = importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
         return None
-    relative = module.replace(".", "/") + (
-        "/__init__.py" if source.endswith("__init__.py") else ".py"
-    )
     record = dist.read_text("RECORD")
-    owned = Path(str(dist.locate_file(relative)))
-    if record is None or not owned.is_file() or not owned.samefile(source):
+    if record is None:
         return None
-    return {
+    key = {
         "name": name,
         "version": dist.version,
         "record_sha256": hashlib.sha256(record.encode()).hexdigest(),
     }
+    return dist, key
 
 
 def _target(target: Target, backport_id: str) -> dict[str, Any] | None:
@@ -176,7 +189,7 @@ def fingerprint(spec: BackportSpec) -> dict[str, Any] | None:
         "format": FORMAT,
         "python": [sys.version, sys.implementation.cache_tag],
         "torch": getattr(torch, "__version__", None) if torch is not None else None,
-        "megatron_backports": _our_code(),
+        "megatron_backports": remembered(("verdict_cache", "our code"), _our_code),
         "vendored_sha256": _vendored(spec),
         "id": spec.id,
         "targets": targets,

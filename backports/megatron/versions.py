@@ -14,6 +14,8 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from .one_look import remembered
+
 __all__ = ["InstalledVersion", "describe", "installed_version"]
 
 
@@ -76,6 +78,30 @@ def _find(distribution: str) -> importlib.metadata.Distribution | None:
         return None
 
 
+def _metadata_version(distribution: str) -> Version | None:
+    # importlib.metadata.version(), not dist.version: it is the seam tests patch to stand in
+    # other releases.
+    try:
+        return Version(importlib.metadata.version(distribution))
+    except (importlib.metadata.PackageNotFoundError, InvalidVersion):
+        return None
+
+
+# What one read of a distribution finds: the distribution, its version, its packages.
+_Read = tuple[importlib.metadata.Distribution | None, Version | None, list[str]]
+
+
+def _read(distribution: str) -> _Read:
+    """Once per ``one_look()`` block: one apply() asks for every entry's version evidence,
+    and the entries share megatron-core."""
+
+    def read() -> _Read:
+        dist = _find(distribution)
+        return dist, _metadata_version(distribution), _own_packages(dist)
+
+    return remembered(("versions", distribution), read)
+
+
 def _own_packages(dist: importlib.metadata.Distribution | None) -> list[str]:
     """The distribution's regular packages (folders with ``__init__.py``), shallowest first.
 
@@ -102,13 +128,10 @@ def _is_package_on_path(package: str) -> bool:
     return any((Path(entry or ".") / relative).is_file() for entry in sys.path)
 
 
-def _target_package(
-    dist: importlib.metadata.Distribution | None, modules: Sequence[str]
-) -> str | None:
+def _target_package(own: list[str], modules: Sequence[str]) -> str | None:
     """The outermost regular package that holds a target module: one of the distribution's
-    own when it is installed, else one on ``sys.path`` (a source tree). Without modules,
-    the distribution's shallowest package."""
-    own = _own_packages(dist)
+    ``own`` packages when it is installed, else one on ``sys.path`` (a source tree).
+    Without modules, the distribution's shallowest package."""
     for module in modules:
         parts = module.split(".")
         for end in range(1, len(parts) + 1):
@@ -157,13 +180,9 @@ def installed_version(distribution: str, modules: Sequence[str] = ()) -> Install
     when they differ: metadata describes what pip installed, not what ``sys.path`` finds
     first. ``modules`` are the target's candidate modules: they name the package to look
     for (default: the distribution's shallowest package)."""
-    dist = _find(distribution)
-    package = _target_package(dist, modules)
+    dist, metadata, own = _read(distribution)
+    package = _target_package(own, modules)
     package_dir = None if package is None else _package_dir(package)
-    try:
-        metadata: Version | None = Version(importlib.metadata.version(distribution))
-    except (importlib.metadata.PackageNotFoundError, InvalidVersion):
-        metadata = None
     own_dir = None
     if dist is not None and metadata is not None and package is not None:
         own_dir = _distribution_package_dir(dist, package)

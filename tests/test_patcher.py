@@ -1,0 +1,146 @@
+"""The patcher's scan for aliases and ``install_all``: every binding of every object in one
+pass over ``sys.modules``, each backport installed all or none, on real megatron-core 0.19.2
+functions."""
+
+import dataclasses
+import functools
+import sys
+import types
+
+import pytest
+
+from backports.megatron import patcher
+from backports.megatron.catalog import MEGATRON_LM_7091, MEGATRON_LM_7617
+from backports.megatron.targets import resolve_target
+
+
+class _Touchy:
+    """A global whose ``==`` and ``hash`` must never run: the scan compares by identity."""
+
+    def __eq__(self, other):
+        raise AssertionError("__eq__ ran")
+
+    def __hash__(self):
+        raise AssertionError("__hash__ ran")
+
+
+def _first():
+    return 1
+
+
+def _second():
+    return 2
+
+
+_MORE = [functools.partial(_second, n) for n in range(3)]  # five distinct with the two
+
+
+_PARTIAL = functools.partial(_first)  # not a plain function: the general branch
+
+
+@pytest.fixture
+def holders(monkeypatch):
+    """Two modules holding aliases under other names, beside a touchy global."""
+    one, two = types.ModuleType("alias_holder_one"), types.ModuleType("alias_holder_two")
+    one.first, one.partial, one.touchy = _first, _PARTIAL, _Touchy()
+    two.renamed_first, two.second, two.again = _first, _second, _second
+    two.more = _MORE[-1]
+    for n, obj in enumerate(_MORE):
+        setattr(one, f"more_{n}", obj)
+    for module in (one, two):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    return one, two
+
+
+PLANTED = {
+    id(_first): {("alias_holder_one", "first"), ("alias_holder_two", "renamed_first")},
+    id(_second): {("alias_holder_two", "second"), ("alias_holder_two", "again")},
+    id(_PARTIAL): {("alias_holder_one", "partial")},
+    **{id(obj): {("alias_holder_one", f"more_{n}")} for n, obj in enumerate(_MORE)},
+}
+PLANTED[id(_MORE[-1])].add(("alias_holder_two", "more"))
+
+
+@pytest.mark.parametrize(
+    "objs",
+    [
+        (_first,),
+        (_first, _second),
+        (_first, _PARTIAL, _second),
+        (_PARTIAL,),
+        (_first, _second, _first),
+        (_second, *_MORE, _first, _PARTIAL),
+    ],
+    ids=["one", "two", "three", "non-function", "repeated", "six: two passes"],
+)
+def test_one_scan_finds_every_binding_of_each_object(holders, objs):
+    found = patcher._bindings_of_each(objs)
+    assert set(found) == {id(obj) for obj in objs}
+    for obj in objs:
+        sites = set(found[id(obj)])
+        assert PLANTED[id(obj)] <= sites
+        # Anything else it found must really hold the object (this test module does).
+        assert all(vars(sys.modules[m])[a] is obj for m, a in sites), sites
+
+
+def test_nothing_to_scan_for_reads_no_module(monkeypatch):
+    monkeypatch.setattr(patcher, "_live", lambda module: pytest.fail("a module was read"))
+    assert patcher._bindings_of_each([]) == {}
+
+
+def _replacement_of(target):
+    """A plain function with the target's signature (the patcher does not check it)."""
+
+    def replacement(*args, **kwargs):
+        return "replaced"
+
+    return replacement
+
+
+@pytest.fixture
+def scans(monkeypatch):
+    """Each scan for aliases, as the objects it looked for."""
+    seen = []
+    real = patcher._bindings_of_each
+
+    def counting(objs):
+        seen.append(list(objs))
+        return real(objs)
+
+    monkeypatch.setattr(patcher, "_bindings_of_each", counting)
+    return seen
+
+
+def test_install_all_scans_once_and_installs_each_backport_or_none(
+    tilelang_dsa, scans, monkeypatch
+):
+    holder = types.ModuleType("holds_both_targets")
+    holder.mla = tilelang_dsa.fused_sparse_mla_absorbed
+    holder.indexer = tilelang_dsa._can_use_fused_sparse_indexer_target
+    monkeypatch.setitem(sys.modules, holder.__name__, holder)
+    mla = resolve_target(MEGATRON_LM_7617.target, "test-a")
+    indexer = resolve_target(MEGATRON_LM_7091.target, "test-b")
+    # A third backport whose "original" is not what the module binds: refused alone.
+    stale = dataclasses.replace(indexer, original=_first)
+    before = (holder.mla, holder.indexer)
+    try:
+        outcomes = patcher.install_all(
+            [
+                ("test-a", [patcher.Replacement(mla, _replacement_of(mla))], None),
+                ("test-c", [patcher.Replacement(stale, _replacement_of(stale))], None),
+                ("test-b", [patcher.Replacement(indexer, _replacement_of(indexer))], {"m": 1}),
+            ]
+        )
+        assert [type(o).__name__ for o in outcomes] == ["tuple", "LookupError", "tuple"]
+        assert len(scans) == 1 and {id(o) for o in scans[0]} >= {id(before[0]), id(before[1])}
+        assert holder.mla.__backport__ == "test-a" and holder.mla.__wrapped__ is before[0]
+        assert holder.indexer.__backport__ == "test-b" and holder.indexer.m == 1
+        assert tilelang_dsa.fused_sparse_mla_absorbed is holder.mla
+        assert patcher.installed("test-c") is None
+        again = patcher.install_all([("test-a", [patcher.Replacement(mla, _first)], None)])
+        assert again == [(patcher.installed("test-a"), False)]  # already installed
+    finally:
+        for backport_id in ("test-a", "test-b", "test-c"):
+            patcher.uninstall(backport_id)
+    assert (holder.mla, holder.indexer) == before
+    assert tilelang_dsa.fused_sparse_mla_absorbed is before[0]
