@@ -44,6 +44,22 @@ def _no_backport_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     revert()
 
 
+@pytest.fixture
+def scans(monkeypatch: pytest.MonkeyPatch) -> list[list[object]]:
+    """Each scan for aliases the patcher makes, as the objects it looked for."""
+    from backports.megatron import patcher
+
+    seen: list[list[object]] = []
+    real = patcher._bindings_of_each
+
+    def counting(objs):  # type: ignore[no-untyped-def]
+        seen.append(list(objs))
+        return real(objs)
+
+    monkeypatch.setattr(patcher, "_bindings_of_each", counting)
+    return seen
+
+
 def ids_installed_by_importing(module: str) -> list[str]:
     """The catalog ids a process installs when its only megatron import is ``module``:
     every entry whose targets are all defined in modules that import brings in. (An entry

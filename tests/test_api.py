@@ -1,5 +1,6 @@
 """apply / revert / applied on real megatron-core 0.19.2: install, skip, warn once, undo."""
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -265,30 +266,27 @@ def test_apply_before_import_patches_on_first_import():
     assert "lazy ok" in done.stdout
 
 
-def test_backports_waiting_for_one_module_install_together(tilelang_dsa, monkeypatch):
+def test_backports_waiting_for_one_module_install_together(tilelang_dsa, scans):
     """At the import of a module two deferred backports wait for (#7617 and #7091 both
     patch tilelang_dsa), one callback probes both and installs them with one scan for
     aliases: a scan reads every global of every module (~5 ms each with torch loaded)."""
-    from backports.megatron import api, patcher, post_import
+    from backports.megatron import api, post_import
     from backports.megatron.catalog import MEGATRON_LM_7091, MEGATRON_LM_7617
 
-    scans = []
-    real = patcher._bindings_of_each
-    monkeypatch.setattr(patcher, "_bindings_of_each", lambda objs: scans.append(objs) or real(objs))
     originals = (
         tilelang_dsa.fused_sparse_mla_absorbed,
         tilelang_dsa._can_use_fused_sparse_indexer_target,
     )
-    for spec in (MEGATRON_LM_7617, MEGATRON_LM_7091):  # as apply() does before the import
+    for spec in (MEGATRON_LM_7091, MEGATRON_LM_7617):  # watched out of catalog order
         api._watch_target(spec, strict=False, upstream_only=False)
-    post_import._notify(tilelang_dsa)  # what the import of the module runs
+    with caught_warnings() as said:
+        post_import._notify(tilelang_dsa)  # what the import of the module runs
     assert tilelang_dsa.fused_sparse_mla_absorbed.__backport__ == MEGATRON_LM_7617.id
     assert tilelang_dsa._can_use_fused_sparse_indexer_target.__backport__ == MEGATRON_LM_7091.id
     assert [{id(o) for o in objs} for objs in scans] == [{id(o) for o in originals}]
-    reports = {
-        r.id: r for r in (api.last_report(s.id) for s in (MEGATRON_LM_7617, MEGATRON_LM_7091))
-    }
-    assert {r.action for r in reports.values()} == {Action.INSTALLED}
+    reports = [api.last_report(s.id) for s in (MEGATRON_LM_7617, MEGATRON_LM_7091)]
+    assert [r.action for r in reports] == [Action.INSTALLED, Action.INSTALLED]
+    assert said == []
     revert()
     assert (
         tilelang_dsa.fused_sparse_mla_absorbed,
@@ -297,11 +295,15 @@ def test_backports_waiting_for_one_module_install_together(tilelang_dsa, monkeyp
     assert not post_import.registered(f"backports.megatron:{MEGATRON_LM_7617.id}")
 
 
-def test_a_strict_backport_fails_the_import_after_the_others_installed(tilelang_dsa, monkeypatch):
+def test_a_strict_incompatible_backport_fails_the_import_and_installs_nothing(
+    tilelang_dsa, monkeypatch
+):
+    """importlib drops a module whose import fails: nothing may be patched into it."""
     from backports.megatron import api, post_import
     from backports.megatron.catalog import MEGATRON_LM_7091, MEGATRON_LM_7617
 
     monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)
+    indexer = tilelang_dsa._can_use_fused_sparse_indexer_target
     api._watch_target(MEGATRON_LM_7617, strict=True, upstream_only=False)
     api._watch_target(MEGATRON_LM_7091, strict=False, upstream_only=False)
     refused = f"{MEGATRON_LM_7617.id} is incompatible"
@@ -312,15 +314,74 @@ def test_a_strict_backport_fails_the_import_after_the_others_installed(tilelang_
         post_import._notify(tilelang_dsa)
     assert getattr(failed.value, "fatal_on_import", False)  # post_import lets it fail the import
     assert tilelang_dsa.fused_sparse_mla_absorbed is standins.new_signature
-    assert tilelang_dsa._can_use_fused_sparse_indexer_target.__backport__ == MEGATRON_LM_7091.id
+    assert tilelang_dsa._can_use_fused_sparse_indexer_target is indexer
+    assert api.last_report(MEGATRON_LM_7617.id).verdict is Verdict.INCOMPATIBLE
 
 
-def test_apply_after_the_import_scans_for_aliases_once(tilelang_dsa, monkeypatch):
-    from backports.megatron import patcher
-
-    scans = []
-    real = patcher._bindings_of_each
-    monkeypatch.setattr(patcher, "_bindings_of_each", lambda objs: scans.append(objs) or real(objs))
+def test_apply_after_the_import_scans_for_aliases_once(tilelang_dsa, scans):
     installed = [r.id for r in apply() if r.action is Action.INSTALLED]
     assert {"megatron-lm-7617", "megatron-lm-7091"} <= set(installed)
     assert len(scans) == 1 and len(scans[0]) >= 2
+
+
+def _drifted(backport_id):
+    """read_upstream, with a wrong sha256 for one backport: its vendored file 'drifted'."""
+    real = probe_module.read_upstream
+
+    def read(ref):
+        upstream = real(ref)
+        return {**upstream, "sha256": "0"} if ref.package.endswith(backport_id) else upstream
+
+    return read
+
+
+def test_warnings_name_the_caller_in_catalog_order(tilelang_dsa, monkeypatch):
+    """#7617 is refused after its probe (loaded target), #7091 before it (drifted file):
+    both warnings point at apply()'s caller, in catalog order."""
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)
+    monkeypatch.setattr(probe_module, "read_upstream", _drifted("megatron_lm_7091"))
+    with caught_warnings() as said:
+        apply()
+    assert [(w.filename, str(w.message).split()[1]) for w in said] == [
+        (__file__, "megatron-lm-7617"),
+        (__file__, "megatron-lm-7091"),
+    ]
+
+
+def test_a_warning_raised_as_an_error_leaves_every_outcome_recorded(tilelang_dsa, monkeypatch):
+    """Under -W error the first BackportWarning raises out of apply(): every backport was
+    decided, installed and recorded before it, and the installed ones are watched."""
+    from backports.megatron import api, patcher, post_import
+
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BackportWarning)
+        with pytest.raises(BackportWarning, match="megatron-lm-7617"):
+            apply()
+    assert api.last_report("megatron-lm-7617").verdict is Verdict.INCOMPATIBLE
+    assert api.last_report("megatron-lm-7091").action is Action.INSTALLED
+    assert patcher.installed("megatron-lm-7091") is not None
+    assert post_import.registered("backports.megatron:megatron-lm-7091")
+
+
+@contextlib.contextmanager
+def caught_warnings():
+    """The BackportWarnings given inside the block, whatever the filters say."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        said: list[warnings.WarningMessage] = []
+        yield said
+        said.extend(w for w in caught if issubclass(w.category, BackportWarning))
+
+
+def test_warnings_at_an_import_come_in_catalog_order(tilelang_dsa, monkeypatch):
+    from backports.megatron import api, post_import
+    from backports.megatron.catalog import MEGATRON_LM_7091, MEGATRON_LM_7617
+
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)
+    monkeypatch.setattr(probe_module, "read_upstream", _drifted("megatron_lm_7091"))
+    for spec in (MEGATRON_LM_7091, MEGATRON_LM_7617):  # watched out of catalog order
+        api._watch_target(spec, strict=False, upstream_only=False)
+    with caught_warnings() as said:
+        post_import._notify(tilelang_dsa)
+    assert [str(w.message).split()[1] for w in said] == ["megatron-lm-7617", "megatron-lm-7091"]

@@ -174,3 +174,17 @@ def test_outside_one_look_every_call_reads_afresh(monkeypatch):
     assert str(installed_version(spec.target.distribution, spec.target.modules).version) == (
         "0.20.0"
     )
+
+
+def test_a_context_copied_inside_a_block_reads_afresh_after_it(monkeypatch):
+    """An asyncio task or ``copy_context().run`` started inside a block keeps its context
+    past the block's exit: the reads it finds there are then closed."""
+    import contextvars
+
+    spec = CATALOG[0]
+    with one_look():
+        installed_version(spec.target.distribution, spec.target.modules)
+        copied = contextvars.copy_context()
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.20.0")
+    info = copied.run(installed_version, spec.target.distribution, spec.target.modules)
+    assert str(info.version) == "0.20.0"

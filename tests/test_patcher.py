@@ -97,20 +97,6 @@ def _replacement_of(target):
     return replacement
 
 
-@pytest.fixture
-def scans(monkeypatch):
-    """Each scan for aliases, as the objects it looked for."""
-    seen = []
-    real = patcher._bindings_of_each
-
-    def counting(objs):
-        seen.append(list(objs))
-        return real(objs)
-
-    monkeypatch.setattr(patcher, "_bindings_of_each", counting)
-    return seen
-
-
 def test_install_all_scans_once_and_installs_each_backport_or_none(
     tilelang_dsa, scans, monkeypatch
 ):
@@ -144,3 +130,28 @@ def test_install_all_scans_once_and_installs_each_backport_or_none(
             patcher.uninstall(backport_id)
     assert (holder.mla, holder.indexer) == before
     assert tilelang_dsa.fused_sparse_mla_absorbed is before[0]
+
+
+def test_a_failed_scan_fails_each_request_and_rebinds_nothing(tilelang_dsa, monkeypatch):
+    def broken(objs):
+        raise RuntimeError("scan failed")
+
+    monkeypatch.setattr(patcher, "_bindings_of_each", broken)
+    mla = resolve_target(MEGATRON_LM_7617.target, "test-a")
+    indexer = resolve_target(MEGATRON_LM_7091.target, "test-b")
+    before = (
+        tilelang_dsa.fused_sparse_mla_absorbed,
+        tilelang_dsa._can_use_fused_sparse_indexer_target,
+    )
+    outcomes = patcher.install_all(
+        [
+            ("test-a", [patcher.Replacement(mla, _replacement_of(mla))], None),
+            ("test-b", [patcher.Replacement(indexer, _replacement_of(indexer))], None),
+        ]
+    )
+    assert [str(outcome) for outcome in outcomes] == ["scan failed", "scan failed"]
+    assert (
+        tilelang_dsa.fused_sparse_mla_absorbed,
+        tilelang_dsa._can_use_fused_sparse_indexer_target,
+    ) == before
+    assert patcher.installed("test-a") is None and patcher.installed("test-b") is None

@@ -99,7 +99,6 @@ def test_a_callback_under_several_keys_runs_once_per_import(module_dir):
 
     post_import.register("hooked_pkg.target", "test", callback)
     post_import.register("hooked_pkg.target", "test-other", callback)
-    post_import.register("hooked_pkg.target", "test-other", callback)  # again: still once
     module = importlib.import_module("hooked_pkg.target")
     assert seen == [42]
     post_import.unregister("test")
@@ -108,3 +107,25 @@ def test_a_callback_under_several_keys_runs_once_per_import(module_dir):
     post_import.unregister("test-other")
     importlib.reload(module)
     assert seen == [42, 42]
+
+
+def test_callbacks_are_told_apart_by_identity_alone(module_dir):
+    """An unhashable callable (a class with ``__eq__``), and two that compare equal, each
+    run: the import never hashes or compares them."""
+    _write_package(module_dir)
+    seen = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name = name
+
+        def __eq__(self, other):
+            return isinstance(other, Recorder)  # every Recorder "equals" every other
+
+        def __call__(self, module):
+            seen.append(self.name)
+
+    post_import.register("hooked_pkg.target", "test", Recorder("first"))
+    post_import.register("hooked_pkg.target", "test-other", Recorder("second"))
+    importlib.import_module("hooked_pkg.target")
+    assert seen == ["first", "second"]

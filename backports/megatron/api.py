@@ -11,7 +11,7 @@ from dataclasses import replace
 from types import ModuleType
 
 from . import once_per_job, patcher, post_import, switches, verdict_cache
-from .catalog import BackportSpec, select, select_withheld, source
+from .catalog import BackportSpec, entries, select, select_withheld, source
 from .errors import BackportError, BackportWarning
 from .local_changes import wrap_all
 from .one_look import one_look
@@ -49,8 +49,9 @@ def disabled_reason(spec: BackportSpec) -> str | None:
     return switches.disabled_reason(spec.id)
 
 
-def _announce(report: Report, stacklevel: int = 5) -> None:
-    """One BackportWarning per backport and verdict per job (see ``once_per_job``)."""
+def _announce(report: Report, stacklevel: int = 3) -> None:
+    """One BackportWarning per backport and verdict per job (see ``once_per_job``).
+    ``stacklevel`` 3 names the caller of the function that calls this one (``apply``)."""
     if report.action is Action.INSTALLED:
         _LOG.info("installed %s: %s", report.id, report.reason)
         return
@@ -63,7 +64,7 @@ def _announce(report: Report, stacklevel: int = 5) -> None:
     message = f"megatron-backports: {report.id} not applied ({report.verdict}): {report.reason}"
     # Rank 0 only, and not again in the workers and spawn children of a process that warned.
     if once_per_job.claim(f"{report.id}:{report.verdict}"):
-        warnings.warn(message, BackportWarning, stacklevel=stacklevel)  # apply()'s caller
+        warnings.warn(message, BackportWarning, stacklevel=stacklevel)
     else:
         _LOG.debug("%s (said once per job: by rank 0, or by a parent process)", message)
 
@@ -79,9 +80,17 @@ def mode_evidence(spec: BackportSpec, upstream_only: bool) -> dict[str, object]:
     """Which mode runs (or would run), and each local change the catalog declares."""
     active = not upstream_only
     return {
-        "mode": UPSTREAM_ONLY if upstream_only else WITH_LOCAL_CHANGES,
+        "mode": _mode(upstream_only),
         "local_changes": [{**c.to_dict(), "active": active} for c in spec.local_changes],
     }
+
+
+def _mode(upstream_only: bool) -> str:
+    return UPSTREAM_ONLY if upstream_only else WITH_LOCAL_CHANGES
+
+
+# Appended to the reason of a backport that runs (or would run) upstream's code alone.
+_UPSTREAM_ONLY_NOTE = " [upstream only: no local changes]"
 
 
 def installed_mode(backport_id: str) -> str | None:
@@ -115,10 +124,14 @@ _Decided = tuple[BackportSpec, ProbeResult, bool]
 _Outcome = tuple[patcher.Installation, bool] | Exception | None
 
 
-def _finish_all(decided: list[_Decided]) -> list[Report]:
+def _settle(decided: list[_Decided]) -> list[Report]:
     """Install each ``needed`` backport, with one scan for aliases for them all (it reads
-    every module's globals: ~5 ms with torch loaded); skip the others. Records and
-    announces each outcome, in order."""
+    every module's globals: ~5 ms with torch loaded); skip the others. Records each outcome
+    (``last_report``); the caller announces them, once everything is recorded.
+
+    Every probe ran before any install: a verdict never depends on another backport being
+    installed (the verdict cache, keyed by each target alone, assumes as much).
+    """
     requests: list[patcher.Request] = []
     positions: list[int] = []
     outcomes: dict[int, _Outcome] = {}
@@ -130,16 +143,14 @@ def _finish_all(decided: list[_Decided]) -> list[Report]:
         except Exception as exc:
             outcomes[index] = exc
             continue
-        mode = UPSTREAM_ONLY if upstream_only else WITH_LOCAL_CHANGES
-        requests.append((spec.id, replacements, {"__backport_mode__": mode}))
+        requests.append((spec.id, replacements, {"__backport_mode__": _mode(upstream_only)}))
         positions.append(index)
     outcomes.update(zip(positions, patcher.install_all(requests), strict=True))
-    reports = []
-    for index, (spec, result, upstream_only) in enumerate(decided):
-        report = _report(spec, result, upstream_only, outcomes.get(index))
-        _last[spec.id] = report
-        _announce(report)
-        reports.append(report)
+    reports = [
+        _report(spec, result, upstream_only, outcomes.get(index))
+        for index, (spec, result, upstream_only) in enumerate(decided)
+    ]
+    _last.update((report.id, report) for report in reports)
     return reports
 
 
@@ -156,8 +167,8 @@ def _report(
         return Report(spec.id, Verdict.INCOMPATIBLE, Action.SKIPPED, reason, evidence)
     _, fresh = outcome
     action = Action.INSTALLED if fresh else Action.ALREADY_INSTALLED
-    suffix = " [upstream only: no local changes]" if upstream_only else ""
-    return Report(spec.id, result.verdict, action, result.reason + suffix, evidence)
+    reason = result.reason + (_UPSTREAM_ONLY_NOTE if upstream_only else "")
+    return Report(spec.id, result.verdict, action, reason, evidence)
 
 
 def _probe_with_cache(spec: BackportSpec) -> ProbeResult:
@@ -207,39 +218,52 @@ def _watch_target(spec: BackportSpec, strict: bool, upstream_only: bool) -> None
     """Probe and install on every (re-)import of a target module: the first import of a
     deferred backport, and a reload or fresh import that put an original back."""
     _watched[spec.id] = (spec, strict, upstream_only)
-    for module_name in _target_modules(spec):
+    for module_name in dict.fromkeys(m for target in spec.targets for m in target.modules):
         post_import.register(module_name, _hook_key(spec), _on_target_import)
-
-
-def _target_modules(spec: BackportSpec) -> list[str]:
-    return list(dict.fromkeys(m for target in spec.targets for m in target.modules))
 
 
 def _on_target_import(module: ModuleType) -> None:
     """Every watched backport that waits for ``module`` and whose targets are now all loaded,
     probed and installed together. One call for them all (post_import runs a callback
-    registered under several keys once per import): their installs share one scan for aliases."""
+    registered under several keys once per import): their installs share one scan for
+    aliases. A strict backport that is incompatible fails the import before anything is
+    installed in it."""
     with patcher.lock(), one_look():
-        due = [
-            (spec, strict, upstream_only)
-            for spec, strict, upstream_only in _watched.values()
-            if module.__name__ in _target_modules(spec)
-            and patcher.installed(spec.id) is None
-            and all_loaded(spec.targets, spec.id)  # else a later target's import probes
-        ]
-        reports = _finish_all([(spec, _probe_with_cache(spec), mode) for spec, _, mode in due])
+        due = _waiting_for(module.__name__)
+        decided = [(spec, _probe_with_cache(spec), mode) for spec, _, mode in due]
+        strict = {spec.id for spec, is_strict, _ in due if is_strict}
+        refused = [d for d in decided if d[0].id in strict and d[1].verdict is Verdict.INCOMPATIBLE]
+        reports = _settle(refused or decided)
+        for report in reports:
+            _announce(report)
     failures = [
         f"{report.id} is incompatible: {report.reason}"
-        for (_, strict, _), report in zip(due, reports, strict=True)
-        if strict and report.verdict is Verdict.INCOMPATIBLE
+        for report in reports
+        if report.id in strict and report.verdict is Verdict.INCOMPATIBLE
     ]
     if failures:
         raise _StrictFailure("; ".join(failures))
 
 
+def _waiting_for(module_name: str) -> list[tuple[BackportSpec, bool, bool]]:
+    """The watched backports (spec, strict, upstream_only) whose hook waits for this module,
+    not installed, with every target loaded (else a later target's import probes), in
+    catalog order."""
+    order = {spec.id: index for index, spec in enumerate(entries())}
+    waiting = [
+        watched
+        for watched in _watched.values()
+        if module_name in post_import.registered(_hook_key(watched[0]))
+        and patcher.installed(watched[0].id) is None
+        and all_loaded(watched[0].targets, watched[0].id)
+    ]
+    return sorted(waiting, key=lambda watched: order.get(watched[0].id, len(order)))
+
+
 def _apply_early(spec: BackportSpec, strict: bool, upstream_only: bool) -> Report | None:
-    """What ``apply`` decides for ``spec`` before probing a loaded target (disabled,
-    installed, absent, drifted, or deferred to the target's import); None: probe it."""
+    """``apply`` for ``spec`` as far as it goes without probing a loaded target: disabled,
+    already installed (in the other mode: uninstalled), absent or drifted (recorded), or
+    deferred to the target's import (its hook registered). None: the target is to be probed."""
     reason = disabled_reason(spec)
     if reason is not None:
         return Report(spec.id, Verdict.DISABLED, Action.SKIPPED, reason)
@@ -256,7 +280,7 @@ def _apply_early(spec: BackportSpec, strict: bool, upstream_only: bool) -> Repor
         )
     early = probe_without_import(spec)
     if early.final:
-        return _finish_all([(spec, early, upstream_only)])[0]
+        return _settle([(spec, early, upstream_only)])[0]
     if not all_loaded(spec.targets, spec.id):
         # Patch the moment megatron defines the target, not before: importing megatron
         # here would cost the job ~9 s and happen in every process the hook reaches.
@@ -274,7 +298,7 @@ def _apply_early(spec: BackportSpec, strict: bool, upstream_only: bool) -> Repor
 def _install_loaded(specs: list[BackportSpec], strict: bool, upstream_only: bool) -> list[Report]:
     """Probe backports whose targets are loaded, install the needed ones together, and
     watch each installed one for a re-import of its target."""
-    reports = _finish_all([(spec, _probe_with_cache(spec), upstream_only) for spec in specs])
+    reports = _settle([(spec, _probe_with_cache(spec), upstream_only) for spec in specs])
     for spec, report in zip(specs, reports, strict=True):
         if report.action is Action.INSTALLED:
             _watch_target(spec, strict, upstream_only)
@@ -321,9 +345,11 @@ def apply(
         due = [spec for spec, report in zip(specs, early, strict=True) if report is None]
         probed = iter(_install_loaded(due, strict, upstream_only))
         reports = [report if report is not None else next(probed) for report in early]
+        for report in reports:  # in catalog order, once every outcome is recorded
+            _announce(report)
     withheld = _withheld(ids, Action.SKIPPED)
     for report in withheld:
-        _announce(report, stacklevel=3)
+        _announce(report)
     reports = _sourced(reports) + withheld
     if strict:
         bad = [r for r in reports if r.verdict is Verdict.INCOMPATIBLE]
@@ -354,7 +380,7 @@ def _status_one(spec: BackportSpec) -> Report:
         action = Action.WOULD_SKIP
     upstream_only = upstream_only_requested() if mode is None else mode == UPSTREAM_ONLY
     evidence = {**result.evidence, **mode_evidence(spec, upstream_only)}
-    reason = result.reason + (" [upstream only: no local changes]" if upstream_only else "")
+    reason = result.reason + (_UPSTREAM_ONLY_NOTE if upstream_only else "")
     return Report(spec.id, result.verdict, action, reason, evidence)
 
 

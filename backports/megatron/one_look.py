@@ -14,25 +14,39 @@ from typing import Any
 
 __all__ = ["one_look", "remembered"]
 
-# Per thread (and task): a block in one thread never serves another thread's reads.
-_LOOK: ContextVar[dict[Hashable, Any] | None] = ContextVar("megatron_backports_look", default=None)
+
+class _Reads(dict[Hashable, Any]):
+    """The reads of one block; ``open`` until the block exits. A context copied inside the
+    block (an asyncio task, ``copy_context().run``) keeps this object past the exit: it
+    must then read afresh too."""
+
+    open = True
+
+
+# Per thread and task: a block never serves reads made outside it.
+_LOOK: ContextVar[_Reads | None] = ContextVar("megatron_backports_look", default=None)
 
 
 @contextmanager
 def one_look() -> Iterator[None]:
     """Remember reads until the outermost block exits (nested blocks share it)."""
-    token = _LOOK.set({}) if _LOOK.get() is None else None
+    outer = _LOOK.get()
+    if outer is not None and outer.open:
+        yield
+        return
+    reads = _Reads()
+    token = _LOOK.set(reads)
     try:
         yield
     finally:
-        if token is not None:
-            _LOOK.reset(token)
+        reads.open = False
+        _LOOK.reset(token)
 
 
 def remembered[T](key: Hashable, read: Callable[[], T]) -> T:
     """``read()``, made once per ``key`` inside a block; every time outside one."""
     look = _LOOK.get()
-    if look is None:
+    if look is None or not look.open:
         return read()
     if key not in look:
         look[key] = read()

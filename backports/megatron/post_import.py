@@ -84,8 +84,10 @@ _FINDER = _Finder()
 
 def _notify(module: ModuleType) -> None:
     with _LOCK:
-        # Once each, however many keys registered it: a callback may serve several keys.
-        callbacks = list(dict.fromkeys(_CALLBACKS.get(module.__name__, {}).values()))
+        # Once each, however many keys registered it (a callback may serve several keys);
+        # told apart by identity, never by a callback's own __eq__ or __hash__.
+        registered = _CALLBACKS.get(module.__name__, {}).values()
+        callbacks = list({id(callback): callback for callback in registered}.values())
     for callback in callbacks:
         try:
             callback(module)
