@@ -10,7 +10,9 @@ then:
 
 1. ``python -c pass`` in rounds, each round in random order: no hook file, an empty
    ``.pth`` file, a ``.pth`` holding just ``import sys`` (the floor for any ``.pth`` line
-   that runs code: site compiles it), and the hook file. Medians and ratios to "no hook".
+   that runs code: site compiles it), one importing an empty module in the ``backports``
+   namespace (the floor for a line that imports a module of ours), and the hook file.
+   Medians and ratios to "no hook".
 2. What the hook adds to a process that imports megatron's target module: each process
    first imports every module that importing the target loads anyway (torch, packaging,
    ...; found from a process without the hook), then times ``import <target>`` alone, so
@@ -28,8 +30,10 @@ then:
 import argparse
 import json
 import platform
+import py_compile
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -128,6 +132,12 @@ def _pass_figures(times: dict[str, list[tuple[float, float]]]) -> dict[str, dict
 def startup_rounds(env: TrainingEnv, runs: int) -> dict[str, list[tuple[float, float]]]:
     hook_text = env.hook.read_text()
     other = env.site_packages / "zz_other_for_benchmark.pth"
+    # The floor of any .pth line that imports a module of ours: an empty one, found and
+    # loaded (from its .pyc) in the same `backports` namespace.
+    floor = env.site_packages / "backports" / "_startup_floor" / "__init__.py"
+    floor.parent.mkdir()
+    floor.write_text("")
+    py_compile.compile(str(floor), doraise=True)
 
     def only(text: str | None, hook: bool) -> None:
         other.unlink(missing_ok=True) if text is None else other.write_text(text)
@@ -137,6 +147,7 @@ def startup_rounds(env: TrainingEnv, runs: int) -> dict[str, list[tuple[float, f
         "no_hook": lambda: only(None, hook=False),
         "empty_pth": lambda: only("", hook=False),
         "import_line_pth": lambda: only("import sys\n", hook=False),
+        "empty_module_of_ours_pth": lambda: only("import backports._startup_floor\n", hook=False),
         "hook": lambda: only(None, hook=True),
     }
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
@@ -150,6 +161,7 @@ def startup_rounds(env: TrainingEnv, runs: int) -> dict[str, list[tuple[float, f
             variants[name]()
             times[name].append(_time_pass(env))
     only(None, hook=True)
+    shutil.rmtree(floor.parent)
     return times
 
 
