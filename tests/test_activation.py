@@ -29,6 +29,9 @@ def fired(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     """Record trigger firings instead of running apply(); drop triggers afterwards."""
     calls: list[dict] = []
     monkeypatch.setattr(activation, "fire", calls.append)
+    # The environment running the tests may carry the hook (`tools/run-job` leaves it in
+    # .venv): its trigger is in this process already. Each test starts without one.
+    activation.deactivate()
     # As in a fresh interpreter: megatron not imported yet (an earlier test may have), or
     # the hook fires at once, as it should where megatron is already there.
     monkeypatch.delitem(sys.modules, "megatron", raising=False)
@@ -48,9 +51,16 @@ def test_watches_megatron_for_every_catalog_target():
 
 
 # A fresh interpreter of this environment (site has run, as at any start-up), which runs
-# the hook line as site would and reports the modules that appeared meanwhile.
+# the hook line as site would and reports the modules that appeared meanwhile. If this
+# environment carries the hook already (`tools/run-job` leaves it in .venv), what it
+# imported and armed is dropped first, as in an interpreter without it.
 _FRESH_INTERPRETER = """
 import sys
+for name in [n for n in sys.modules if n == "backports" or n.startswith("backports.")]:
+    del sys.modules[name]
+sys.meta_path[:] = [
+    f for f in sys.meta_path if not getattr(f, "__megatron_backports_trigger__", False)
+]
 before = set(sys.modules)
 exec(sys.argv[1])
 new = sorted(set(sys.modules) - before)

@@ -88,7 +88,8 @@ def test_status_while_a_training_thread_calls_the_attention(
 _RELOAD_SCRIPT = textwrap.dedent(
     """
     import importlib, json, sys
-    from backports.megatron import apply, manifest, status
+    from backports.megatron import activation, apply, manifest, status
+    activation.deactivate()  # this environment's own hook, if it has one: apply() decides here
     from backports.megatron.ranks import installed_backports
     from tests.fake_kernel import FakeSparseMLA
     from tests.reports import report_for
