@@ -69,9 +69,12 @@ def main() -> int:
         from megatron.core.transformer.experimental_attention_variant import dsa, dsa_kernels
 
     if args.via_hook:
-        marker = getattr(tilelang_dsa.fused_sparse_mla_absorbed, "__backport__", None)
+        from backports.megatron.ranks import installed_backports
+
+        # Those whose target modules this import brought in (#6793 waits for recompute's).
+        hooked = ", ".join(installed_backports()) or "nothing"
         print("\n== a new interpreter that called no apply() imported megatron:")
-        print(f"  installed by the start-up hook: {marker or 'nothing'}")
+        print(f"  installed by the start-up hook: {hooked}")
 
     reports = backports.apply()
     _print_reports("after megatron imported the target", reports)
