@@ -18,7 +18,12 @@ import git
 import pytest
 
 from backports.megatron import cli
-from tests.test_sync_upstream import commit_files, load_module, snapshot
+from tests.test_sync_upstream import (  # cache_home: autouse, so this file's clones stay off $HOME
+    cache_home,  # noqa: F401
+    commit_files,
+    load_module,
+    snapshot,
+)
 from tests.test_vendored import documented_digest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,12 +74,6 @@ class Plugin:
     upstream: Path
     base: str
     head: str
-
-
-@pytest.fixture(autouse=True)
-def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
 
 
 @pytest.fixture
