@@ -102,7 +102,7 @@ def test_the_packages_a_distribution_owns_come_from_its_record(tmp_path, monkeyp
     )
     _fake_distribution(tmp_path, "zpkg", record)
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert versions._own_packages(importlib.metadata.distribution("zpkg")) == [
+    assert versions._own_packages(*versions.installed_distribution("zpkg")) == [
         "zpkg",
         "zpkg.sub",
         "zpkg.we,ird",
@@ -116,7 +116,7 @@ def test_without_record_the_listed_files_are_read(tmp_path, monkeypatch):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert versions._own_packages(importlib.metadata.distribution("zpkg")) == ["zpkg", "zpkg.deep"]
+    assert versions._own_packages(*versions.installed_distribution("zpkg")) == ["zpkg", "zpkg.deep"]
 
 
 def test_the_version_evidence_never_lists_the_installed_files(monkeypatch):

@@ -145,22 +145,29 @@ def test_no_key_while_the_target_is_not_loaded_or_is_ours(tilelang_dsa, monkeypa
     assert verdict_cache.fingerprint(spec) is None
 
 
-def test_one_look_reads_megatron_cores_record_once_for_every_key(tilelang_dsa, monkeypatch):
-    """The keys of every entry hash megatron-core's RECORD (and list our own files): at a
-    target's import, inside one look, that is read once; outside one, every key reads
-    afresh (a reinstall between two calls changes it)."""
+@pytest.fixture
+def reads(monkeypatch) -> list[str]:
+    """The names of the distribution files read (RECORD, METADATA, ...), in order."""
     import importlib.metadata
 
-    from backports.megatron.catalog import CATALOG
-    from backports.megatron.one_look import one_look
-
-    reads: list[str] = []
+    seen: list[str] = []
     real = importlib.metadata.PathDistribution.read_text
     monkeypatch.setattr(
         importlib.metadata.PathDistribution,
         "read_text",
-        lambda self, name: reads.append(name) or real(self, name),
+        lambda self, name: seen.append(name) or real(self, name),
     )
+    return seen
+
+
+def test_one_look_reads_megatron_cores_record_once_for_every_key(tilelang_dsa, reads, monkeypatch):
+    """The keys of every entry hash megatron-core's RECORD (and list our own files): at a
+    target's import, inside one look, that is read once; outside one, every key reads
+    afresh (a reinstall between two calls changes it)."""
+
+    from backports.megatron.catalog import CATALOG
+    from backports.megatron.one_look import one_look
+
     listed: list[str] = []
     scandir = verdict_cache.os.scandir
     monkeypatch.setattr(verdict_cache.os, "scandir", lambda p: listed.append(str(p)) or scandir(p))
@@ -175,3 +182,18 @@ def test_one_look_reads_megatron_cores_record_once_for_every_key(tilelang_dsa, m
         assert listed.count(str(verdict_cache._PACKAGE_DIR)) == 1  # our files: listed once
     assert verdict_cache.fingerprint(loaded[0]) == keys[0]
     assert reads.count("RECORD") > 1
+
+
+def test_the_version_evidence_and_the_keys_share_one_read_of_record(tilelang_dsa, reads):
+    """At a target's import both read megatron-core's RECORD (its packages; its hash):
+    inside one look, once between them."""
+
+    from backports.megatron.catalog import CATALOG
+    from backports.megatron.one_look import one_look
+    from backports.megatron.versions import installed_version
+
+    with one_look():
+        for spec in CATALOG:
+            installed_version(spec.target.distribution, spec.target.modules)
+            verdict_cache.fingerprint(spec)
+    assert reads.count("RECORD") == 1

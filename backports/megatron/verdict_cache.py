@@ -42,6 +42,7 @@ from . import switches
 from .catalog import BackportSpec, Target
 from .one_look import remembered
 from .targets import find_loaded_target
+from .versions import installed_distribution
 
 __all__ = ["CACHE", "CACHE_DIR", "FORMAT", "enabled", "fingerprint", "load", "locations", "store"]
 
@@ -139,12 +140,8 @@ def _distribution(name: str, module: str, source: str) -> dict[str, Any] | None:
 def _record(name: str) -> tuple[importlib.metadata.Distribution, dict[str, Any]] | None:
     """The distribution, and what of it goes into a key: its version, and its RECORD's
     sha256 (a reinstall that changes any file changes it)."""
-    try:
-        dist = importlib.metadata.distribution(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    record = dist.read_text("RECORD")
-    if record is None:
+    dist, record = installed_distribution(name)
+    if dist is None or record is None:
         return None
     key = {
         "name": name,

@@ -16,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 
 from .one_look import remembered
 
-__all__ = ["InstalledVersion", "describe", "installed_version"]
+__all__ = ["InstalledVersion", "describe", "installed_distribution", "installed_version"]
 
 
 @dataclass(frozen=True)
@@ -69,13 +69,21 @@ def _package_dir(package: str) -> Path | None:
     return None
 
 
-def _find(distribution: str) -> importlib.metadata.Distribution | None:
-    """The installed distribution, looked up once for both of its uses below (each look-up
-    scans ``sys.path``)."""
-    try:
-        return importlib.metadata.distribution(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+def installed_distribution(
+    distribution: str,
+) -> tuple[importlib.metadata.Distribution | None, str | None]:
+    """The installed distribution (None if absent) and its RECORD's text (None without one),
+    read once per ``one_look()`` block: the version evidence lists packages from RECORD, the
+    verdict cache's key hashes it, and a look-up scans ``sys.path``."""
+
+    def read() -> tuple[importlib.metadata.Distribution | None, str | None]:
+        try:
+            dist = importlib.metadata.distribution(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            return None, None
+        return dist, dist.read_text("RECORD")
+
+    return remembered(("distribution", distribution), read)
 
 
 def _metadata_version(distribution: str) -> Version | None:
@@ -96,13 +104,13 @@ def _read(distribution: str) -> _Read:
     and the entries share megatron-core."""
 
     def read() -> _Read:
-        dist = _find(distribution)
-        return dist, _metadata_version(distribution), _own_packages(dist)
+        dist, record = installed_distribution(distribution)
+        return dist, _metadata_version(distribution), _own_packages(dist, record)
 
     return remembered(("versions", distribution), read)
 
 
-def _own_packages(dist: importlib.metadata.Distribution | None) -> list[str]:
+def _own_packages(dist: importlib.metadata.Distribution | None, record: str | None) -> list[str]:
     """The distribution's regular packages (folders with ``__init__.py``), shallowest first.
 
     Read from RECORD's text: ``Distribution.files`` builds a path object and stats the file
@@ -112,7 +120,6 @@ def _own_packages(dist: importlib.metadata.Distribution | None) -> list[str]:
     """
     if dist is None:
         return []
-    record = dist.read_text("RECORD")
     if record is not None:
         rows = [line for line in record.splitlines() if "__init__.py" in line]  # ~1 in 12
         names = (row[0] for row in csv.reader(rows) if row)
