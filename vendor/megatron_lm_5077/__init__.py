@@ -1,0 +1,1 @@
+"""NVIDIA/Megatron-LM#5077: fully-reshardable optimizer state read at the right offsets."""
