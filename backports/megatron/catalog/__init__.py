@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ..errors import BackportError
 from .megatron_lm_5077 import SPEC as MEGATRON_LM_5077
 from .megatron_lm_6114 import SPEC as MEGATRON_LM_6114
+from .megatron_lm_6682 import SPEC as MEGATRON_LM_6682
 from .megatron_lm_6793 import SPEC as MEGATRON_LM_6793
 from .megatron_lm_7091 import SPEC as MEGATRON_LM_7091
 from .megatron_lm_7617 import SPEC as MEGATRON_LM_7617
@@ -39,6 +40,7 @@ CATALOG: tuple[BackportSpec, ...] = (
     MEGATRON_LM_6114,
     MEGATRON_LM_6793,
     MEGATRON_LM_5077,
+    MEGATRON_LM_6682,
 )
 
 # (the builtins it was built from, the catalog): a test that swaps CATALOG sees its own.

@@ -1,0 +1,123 @@
+"""NVIDIA/Megatron-LM#6682: the ``identity`` SFT prompt format masks prompt tokens.
+
+In megatron-core 0.18 to 0.19.2, ``SFTTokenizer.tokenize_conversation`` returns unmasked
+targets for the ``identity`` prompt format as it does for ``default``: system, user and
+tool tokens keep their labels, so supervised fine-tuning with ``identity`` trains on the
+prompt as well as the answer.
+"""
+
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+from packaging.version import Version
+
+from .spec import BackportSpec, SniffResult, Target, VendoredRef
+
+if TYPE_CHECKING:
+    from ..targets import ResolvedTarget
+
+__all__ = ["SPEC"]
+
+# A user turn then an assistant turn; the stand-in tokenizer gives each turn two ids.
+_CONVERSATION = ({"role": "user", "content": "q"}, {"role": "assistant", "content": "a"})
+_IDS_PER_ROLE = {"system": 1, "user": 2, "assistant": 3}
+_TOKENS = [2, 2, 3, 3]
+_MASKED = [-100, -100, 3, 3]
+# A format that always masked prompt turns (the control) and the one the fix is about.
+_ALWAYS_MASKED_FORMAT = "nemotron-h-aligned"
+_FORMAT = "identity"
+
+
+class _SniffFailed(RuntimeError):
+    """The installed method did not behave like any version of itself."""
+
+
+class _TwoIdsPerTurn:
+    """Stands for the Hugging Face tokenizer: two ids per message, by role."""
+
+    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> list[int]:
+        return [_IDS_PER_ROLE[turn["role"]] for turn in conversation for _ in range(2)]
+
+
+def _tokenize(method: Callable[..., Any], prompt_format: str, return_target: bool) -> Any:
+    """Run ``method`` on a stand-in SFTTokenizer holding only what it reads."""
+    import numpy as np
+
+    tokenizer = SimpleNamespace(
+        _prompt_format=prompt_format,
+        _prompt_config=SimpleNamespace(
+            assistant_prefix_len=0,
+            custom_chat_template="stand-in",
+            has_bos=False,
+            has_system_role=True,
+        ),
+        _tokenizer=_TwoIdsPerTurn(),
+        _extract_token_ids=lambda result: np.asarray(result),
+    )
+    out = method(tokenizer, list(_CONVERSATION), return_target, False)
+    if not return_target:
+        return [int(t) for t in out]
+    tokens, target = out
+    return [int(t) for t in tokens], [int(t) for t in target]
+
+
+def _sniff_method(method: Callable[..., Any]) -> SniffResult:
+    """Fixed iff ``identity`` masks the user turn as the other templated formats do."""
+    controls = {
+        "tokens": _tokenize(method, _FORMAT, return_target=False),
+        "default": _tokenize(method, "default", return_target=True),
+        _ALWAYS_MASKED_FORMAT: _tokenize(method, _ALWAYS_MASKED_FORMAT, return_target=True),
+    }
+    expected = {
+        "tokens": _TOKENS,
+        "default": (_TOKENS, _TOKENS),
+        _ALWAYS_MASKED_FORMAT: (_TOKENS, _MASKED),
+    }
+    if controls != expected:
+        raise _SniffFailed(f"the controls gave {controls}, not {expected}")
+    tokens, target = _tokenize(method, _FORMAT, return_target=True)
+    detail = {"controls": controls, "identity": {"tokens": tokens, "target": target}}
+    if tokens == _TOKENS and target == _MASKED:
+        return SniffResult(True, f"the identity format masks prompt tokens: {target}", detail)
+    if tokens == _TOKENS and target == _TOKENS:
+        summary = (
+            f"the identity format trains on prompt tokens: user then assistant gives targets "
+            f"{target}, not {_MASKED}"
+        )
+        return SniffResult(False, summary, detail)
+    raise _SniffFailed(f"the identity format gave tokens {tokens}, targets {target}")
+
+
+def _sniff(targets: Sequence["ResolvedTarget"]) -> SniffResult:
+    (target,) = targets
+    return _sniff_method(target.original)
+
+
+SPEC = BackportSpec(
+    id="megatron-lm-6682",
+    title="SFT tokenizer: the identity prompt format masks system and user tokens",
+    targets=(
+        Target(
+            distribution="megatron-core",
+            modules=("megatron.core.tokenizers.text.libraries.sft_tokenizer",),
+            attribute="SFTTokenizer.tokenize_conversation",
+            parameters=("self", "conversation", "return_target", "add_generation_prompt"),
+            helpers=("IGNORE_INDEX",),
+        ),
+    ),
+    # The identity prompt format arrives in 0.18, unmasked from the start.
+    target_since=Version("0.18"),
+    # No megatron-core release carries it yet (0.19.2 is the newest on PyPI and lacks it).
+    fixed_in=None,
+    sniff=_sniff,
+    vendored=VendoredRef(
+        package="backports.megatron._vendor.megatron_lm_6682",
+        module="sft_tokenizer",
+        attribute="tokenize_conversation",
+    ),
+    delete_when_landed=(
+        "Delete vendor/megatron_lm_6682/ and backports/megatron/catalog/megatron_lm_6682.py, "
+        "and drop MEGATRON_LM_6682 from backports/megatron/catalog/__init__.py."
+    ),
+)

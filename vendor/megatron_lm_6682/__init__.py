@@ -1,0 +1,1 @@
+"""NVIDIA/Megatron-LM#6682: the ``identity`` SFT prompt format masks prompt tokens."""
