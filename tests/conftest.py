@@ -62,15 +62,16 @@ def scans(monkeypatch: pytest.MonkeyPatch) -> list[list[object]]:
 
 def ids_installed_by_importing(module: str) -> list[str]:
     """The catalog ids a process installs when its only megatron import is ``module``:
-    every entry whose targets are all defined in modules that import brings in. (An entry
-    with a target elsewhere, as #6793's recompute / DSA pair, waits for its modules.)"""
+    every entry whose targets are all defined in modules that import brings in, and every
+    import guard (installed before any megatron module runs). (An entry with a target
+    elsewhere, as #6793's recompute / DSA pair, waits for its modules.)"""
     import subprocess
     import sys
 
     script = (
         f"import sys, {module}\n"
         "from backports.megatron.catalog import CATALOG\n"
-        "print(' '.join(s.id for s in CATALOG if all("
+        "print(' '.join(s.id for s in CATALOG if s.guard is not None or all("
         "any(m in sys.modules for m in t.modules) for t in s.targets)))"
     )
     done = subprocess.run(

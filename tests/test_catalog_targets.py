@@ -145,7 +145,8 @@ def test_status_lists_every_entry_once(tilelang_dsa):
     assert [report.id for report in status()] == [spec.id for spec in CATALOG]
 
 
-@pytest.mark.parametrize("spec", CATALOG, ids=lambda spec: spec.id)
+# An import guard rebinds nothing: tests/test_megatron_lm_6964.py checks its install/revert.
+@pytest.mark.parametrize("spec", [s for s in CATALOG if s.guard is None], ids=lambda spec: spec.id)
 def test_apply_then_revert_restores_every_original_of_an_entry(spec):
     resolved = [resolve_target(target, spec.id) for target in spec.targets]
     before = [vars(r.owner)[r.name] for r in resolved]

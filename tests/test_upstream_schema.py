@@ -79,3 +79,14 @@ def test_a_sync_refuses_several_symbols_and_rehash_takes_them(tmp_path, capsys):
     assert "names f, C.m: a sync vendors one top-level function" in err and "--rehash" in err
     assert sync_upstream.main([*args, "--rehash"]) == 0
     assert sync_upstream.main(["--check", "--vendor-dir", str(vendor)]) == 0
+
+
+def test_a_merged_handwritten_folder_may_say_its_head_is_unknown():
+    without = {k: v for k, v in VALID.items() if k != "head_sha"}
+    merged = {**without, "merge_sha": "def5678"}
+    assert manifest_problems({**merged, "head_unknown": True}) == []
+    problems = manifest_problems({**merged, "head_unknown": "yes"})
+    assert [p.split(" ")[0] for p in problems] == ["head_sha", "head_unknown"]
+    assert problems[1].startswith("head_unknown must be true")
+    (problem,) = manifest_problems({**merged, "head_unknown": True, "origin": "synced"})
+    assert problem.startswith("head_sha is missing")

@@ -4,13 +4,14 @@ Data flows one way: catalog -> probe -> verdict -> patcher -> report.
 """
 
 import logging
+import sys
 import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from types import ModuleType
 
-from . import once_per_job, patcher, post_import, switches, verdict_cache
+from . import import_guards, once_per_job, patcher, post_import, switches, verdict_cache
 from .catalog import BackportSpec, entries, select, select_withheld, source
 from .errors import BackportError, BackportWarning
 from .local_changes import wrap_all
@@ -95,6 +96,9 @@ _UPSTREAM_ONLY_NOTE = " [upstream only: no local changes]"
 
 def installed_mode(backport_id: str) -> str | None:
     """The mode of the installed replacement, or None when nothing is installed."""
+    guard = import_guards.installed(backport_id)
+    if guard is not None:
+        return guard.mode
     installation = patcher.installed(backport_id)
     if installation is None:
         return None
@@ -271,6 +275,7 @@ def _apply_early(spec: BackportSpec, strict: bool, upstream_only: bool) -> Repor
     if mode is not None and (mode == UPSTREAM_ONLY) != upstream_only:
         # Asked for the other mode: swap the replacement, under the same lock.
         patcher.uninstall(spec.id)
+        import_guards.uninstall(spec.id)
         mode = None
     if mode is not None:
         last = _last.get(spec.id)
@@ -281,6 +286,8 @@ def _apply_early(spec: BackportSpec, strict: bool, upstream_only: bool) -> Repor
     early = probe_without_import(spec)
     if early.final:
         return _settle([(spec, early, upstream_only)])[0]
+    if spec.guard is not None:
+        return _install_guard(spec, early, upstream_only)
     if not all_loaded(spec.targets, spec.id):
         # Patch the moment megatron defines the target, not before: importing megatron
         # here would cost the job ~9 s and happen in every process the hook reaches.
@@ -293,6 +300,40 @@ def _apply_early(spec: BackportSpec, strict: bool, upstream_only: bool) -> Repor
         evidence = {**early.evidence, **mode_evidence(spec, upstream_only)}
         return Report(spec.id, Verdict.NEEDED, Action.DEFERRED, reason, evidence)
     return None
+
+
+def _install_guard(spec: BackportSpec, early: ProbeResult, upstream_only: bool) -> Report:
+    """Put an import guard in place before its module executes.
+
+    Its sniff imports the module in a child process (tens of seconds): too slow for every
+    process of a job, so ``apply`` decides on what it can see without it (version, vendored
+    files) and ``status`` / ``check`` / ``audit`` run the sniff. Where upstream's fix is
+    present the guard changes nothing: it decides as upstream does.
+    """
+    guard = spec.guard
+    assert guard is not None
+    evidence = {**early.evidence, **mode_evidence(spec, upstream_only)}
+    try:
+        factory = load_replacement(spec.vendored, None, guard.replacement_name)
+        import_guards.install(spec.id, guard.modules[0], factory, _mode(upstream_only))
+    except Exception as exc:
+        reason = f"install failed: {type(exc).__name__}: {exc}"
+        report = Report(spec.id, Verdict.INCOMPATIBLE, Action.SKIPPED, reason, evidence)
+    else:
+        module = guard.modules[0]
+        version = describe(guard.distribution, early.evidence["distribution"])
+        if module in sys.modules:
+            when = "already ran unguarded in this process; a reload or re-import runs"
+        else:
+            when = "runs from its first import"
+        reason = (
+            f"{version}: {module} {when} inside {guard.replacement_name} (the import "
+            "behaviour is sniffed by `backports status`, in a child process)"
+        )
+        reason += _UPSTREAM_ONLY_NOTE if upstream_only else ""
+        report = Report(spec.id, Verdict.NEEDED, Action.INSTALLED, reason, evidence)
+    _last[spec.id] = report
+    return report
 
 
 def _install_loaded(specs: list[BackportSpec], strict: bool, upstream_only: bool) -> list[Report]:
@@ -394,6 +435,7 @@ def revert(only: str | Iterable[str] | None = None) -> list[Report]:
             post_import.unregister(_hook_key(spec))
             _watched.pop(spec.id, None)
             removed = patcher.uninstall(spec.id)
+            guard = import_guards.uninstall(spec.id)
             last = _last.pop(spec.id, None)
             # A later apply() is a new decision and may warn again.
             _warned.difference_update({key for key in _warned if key[0] == spec.id})
@@ -403,6 +445,10 @@ def revert(only: str | Iterable[str] | None = None) -> list[Report]:
                 where = ", ".join(f"{m}.{a}" for m, a in removed.sites)
                 report = Report(
                     spec.id, verdict, Action.REVERTED, f"restored the original at {where}"
+                )
+            elif guard is not None:
+                report = Report(
+                    spec.id, verdict, Action.REVERTED, f"removed the guard on {guard.module_name}"
                 )
             elif pending:
                 report = Report(

@@ -1,12 +1,15 @@
 """Evidence -> verdict, with reasons. Behaviour decides; version and git cross-check."""
 
 import inspect
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from packaging.version import Version
 
+from . import import_guards
 from .catalog import BackportSpec, Target
 from .git_ancestry import commit_ancestry
 from .report import Verdict
@@ -168,6 +171,8 @@ def probe(spec: BackportSpec) -> ProbeResult:
         return early
     evidence = early.evidence
     try:
+        if spec.guard is not None:
+            return _probe_guard(spec, evidence)
         return _probe_target(spec, evidence)
     except Exception as exc:
         return ProbeResult(
@@ -221,6 +226,38 @@ def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
     refusal = _refusal(spec, targets, evidence["upstream"]["reads"])
     if refusal is not None:
         return ProbeResult(Verdict.INCOMPATIBLE, refusal, evidence, targets)
+    return _judge(spec, targets, targets, evidence)
+
+
+def _probe_guard(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
+    """An import guard's module is judged under the guard in force in megatron as it stands
+    (none), in a child process: it is never executed here, where it must wait for the guard.
+    """
+    guard = spec.guard
+    assert guard is not None
+    module_name = guard.modules[0]
+    installation = import_guards.installed(spec.id)
+    evidence["target"] = {
+        "module": module_name,
+        "attribute": guard.attribute,
+        "kind": "import-guard",
+        "installed": installation is not None,
+        "executed": module_name in sys.modules,
+    }
+    evidence["targets"] = [evidence["target"]]
+    sniffed = import_guards.GuardTarget(
+        module_name, import_guards.no_guard, installation.guard if installation else None
+    )
+    return _judge(spec, (), (sniffed,), evidence)
+
+
+def _judge(
+    spec: BackportSpec,
+    targets: tuple[ResolvedTarget, ...],
+    sniffed: Sequence[Any],
+    evidence: dict[str, Any],
+) -> ProbeResult:
+    """Git evidence, the sniff on ``sniffed`` and the verdict; ``targets`` ride along."""
     upstream = evidence["upstream"]
     package_dir = evidence["distribution"]["package_dir"]
     evidence["git"] = commit_ancestry(
@@ -233,7 +270,7 @@ def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
         distribution=spec.target.distribution,
         package=evidence["distribution"]["package"],
     )
-    sniff = spec.sniff(targets)  # never writes the live modules or classes
+    sniff = spec.sniff(sniffed)  # never writes the live modules or classes
     evidence["behaviour"] = {"fixed": sniff.fixed, **sniff.detail}
     notes = _cross_checks(spec, sniff.fixed, evidence)
     suffix = f" (disagrees: {'; '.join(notes)})" if notes else ""

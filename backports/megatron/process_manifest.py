@@ -3,7 +3,7 @@
 import importlib.metadata
 from typing import Any
 
-from . import api
+from . import api, import_guards
 from .catalog import BackportSpec, entries, source, withheld
 from .patcher import installed
 from .probe import ProbeResult, probe, probe_without_import
@@ -26,7 +26,7 @@ def _package_version() -> str | None:
 def _decision(spec: BackportSpec, early: ProbeResult) -> tuple[Verdict | None, str]:
     """(verdict, what this process did), importing nothing megatron has not imported yet."""
     last = api.last_report(spec.id)
-    if installed(spec.id) is not None:
+    if installed(spec.id) is not None or import_guards.installed(spec.id) is not None:
         return (last.verdict if last else Verdict.NEEDED), "installed"
     if last is not None:
         return last.verdict, "skipped"
@@ -34,7 +34,8 @@ def _decision(spec: BackportSpec, early: ProbeResult) -> tuple[Verdict | None, s
         return Verdict.DISABLED, "skipped"
     if early.final:
         return early.verdict, "not-applied"
-    if all_loaded(spec.targets, spec.id):
+    # An import guard's probe imports its module in a child process: never for a manifest.
+    if spec.guard is None and all_loaded(spec.targets, spec.id):
         return probe(spec).verdict, "not-applied"
     # Deciding now would import megatron's target module: a manifest must not cost that.
     return None, "deferred" if api.is_deferred(spec) else "not-applied"

@@ -3,6 +3,7 @@
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from . import import_guards
 from .catalog import entries
 from .errors import BackportError
 from .once_per_job import is_rank_zero
@@ -17,7 +18,7 @@ def installed_backports() -> dict[str, str]:
     return {
         spec.id: check_integrity(spec.vendored, read_upstream(spec.vendored)).actual
         for spec in entries()
-        if installed(spec.id) is not None
+        if installed(spec.id) is not None or import_guards.installed(spec.id) is not None
     }
 
 

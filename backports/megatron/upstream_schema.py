@@ -7,8 +7,10 @@ nor an empty file blamed on an edited vendored file.
 ``symbol`` names what the vendored file replaces: one name (``"fn"`` or ``"Class.method"``),
 or, for an entry with several targets, a list of such names in the catalog's target order
 (the first is the one a sync reads upstream). ``head_sha`` may be left out only by a
-handwritten folder of an open pull request (no ``merge_sha``) whose head is not known; its
-``origin_note`` says so, and git ancestry then has no commit to look for.
+handwritten folder of an open pull request (no ``merge_sha``) whose head is not known, or by
+a handwritten folder of a merged one that says ``head_unknown = true`` (a squash merge
+whose head no available clone holds); its ``origin_note`` says so, and git ancestry then
+checks ``merge_sha`` alone, or nothing.
 """
 
 import re
@@ -65,6 +67,10 @@ def _names(value: Any) -> str | None:
     return None if ok else "a list of Python names"
 
 
+def _true(value: Any) -> str | None:
+    return None if value is True else "true (or left out)"
+
+
 def _origin(value: Any) -> str | None:
     return None if value in ORIGINS else f"one of {', '.join(map(repr, ORIGINS))}"
 
@@ -85,6 +91,7 @@ REQUIRED: dict[str, Callable[[Any], str | None]] = {
 }
 OPTIONAL: dict[str, Callable[[Any], str | None]] = {
     "head_sha": _COMMIT,  # required, except in a handwritten folder (see the module doc)
+    "head_unknown": _true,  # a merged, handwritten folder whose head is not known
     "merge_sha": _COMMIT,  # absent while the pull request is open
     "moved_path": _text,
     "origin_note": _text,
@@ -105,11 +112,13 @@ def manifest_problems(data: dict[str, Any]) -> list[str]:
     if not data:
         return ["it is empty"]
     problems = [f"{key} is missing" for key in REQUIRED if key not in data]
-    open_and_handwritten = data.get("origin") == "handwritten" and "merge_sha" not in data
-    if "head_sha" not in data and not open_and_handwritten:
+    handwritten = data.get("origin") == "handwritten"
+    open_and_handwritten = handwritten and "merge_sha" not in data
+    head_unknown = handwritten and data.get("head_unknown") is True
+    if "head_sha" not in data and not (open_and_handwritten or head_unknown):
         problems.append(
-            "head_sha is missing (only a handwritten folder of an open pull request may "
-            "leave it out)"
+            "head_sha is missing (only a handwritten folder of an open pull request, or one "
+            "that says head_unknown = true, may leave it out)"
         )
     for key, check in (*REQUIRED.items(), *OPTIONAL.items()):
         if key in data:

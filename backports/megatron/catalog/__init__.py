@@ -12,9 +12,10 @@ from .megatron_lm_5077 import SPEC as MEGATRON_LM_5077
 from .megatron_lm_6114 import SPEC as MEGATRON_LM_6114
 from .megatron_lm_6682 import SPEC as MEGATRON_LM_6682
 from .megatron_lm_6793 import SPEC as MEGATRON_LM_6793
+from .megatron_lm_6964 import SPEC as MEGATRON_LM_6964
 from .megatron_lm_7091 import SPEC as MEGATRON_LM_7091
 from .megatron_lm_7617 import SPEC as MEGATRON_LM_7617
-from .spec import BackportSpec, SniffResult, Target, VendoredRef
+from .spec import BackportSpec, ImportGuard, SniffResult, Target, VendoredRef
 
 if TYPE_CHECKING:  # plugins.py imports .spec from this package: loaded lazily below
     from ..plugins import Loaded, Withheld
@@ -22,6 +23,7 @@ if TYPE_CHECKING:  # plugins.py imports .spec from this package: loaded lazily b
 __all__ = [
     "CATALOG",
     "BackportSpec",
+    "ImportGuard",
     "SniffResult",
     "Target",
     "VendoredRef",
@@ -41,6 +43,7 @@ CATALOG: tuple[BackportSpec, ...] = (
     MEGATRON_LM_6793,
     MEGATRON_LM_5077,
     MEGATRON_LM_6682,
+    MEGATRON_LM_6964,
 )
 
 # (the builtins it was built from, the catalog): a test that swaps CATALOG sees its own.

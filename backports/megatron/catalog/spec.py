@@ -11,7 +11,15 @@ from ..local_changes import LocalChange
 if TYPE_CHECKING:  # targets.py imports this package: the type is only for the checker
     from ..targets import ResolvedTarget
 
-__all__ = ["BackportSpec", "LocalChange", "Sniff", "SniffResult", "Target", "VendoredRef"]
+__all__ = [
+    "BackportSpec",
+    "ImportGuard",
+    "LocalChange",
+    "Sniff",
+    "SniffResult",
+    "Target",
+    "VendoredRef",
+]
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,23 @@ class Target:
     @property
     def replacement_name(self) -> str:
         return self.replacement or self.name
+
+
+@dataclass(frozen=True)
+class ImportGuard(Target):
+    """Module-level code a backport corrects: nothing can be rebound once it has run.
+
+    The module ``modules[0]`` executes inside the vendored guard (``replacement``: a
+    context-manager factory taking no arguments) from the moment ``apply()`` installs it
+    (the start-up hook does so before megatron's first import); ``revert`` removes the
+    guard. ``attribute`` names the module-level result the guarded code decides (for
+    reports); there are no parameters. The sniff gets one target whose ``original`` is the
+    guard in force: ``backports.megatron.import_guards.no_guard`` for the installed code as
+    it stands, or a vendored guard; it judges the module's import under it (in a child
+    process: the module must not be executed here before the guard is in place).
+    """
+
+    parameters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -101,6 +126,15 @@ class BackportSpec:
     def __post_init__(self) -> None:
         if not self.targets:
             raise ValueError(f"{self.id}: a catalog entry needs at least one target")
+        guards = [t for t in self.targets if isinstance(t, ImportGuard)]
+        if guards and (len(self.targets) != 1 or len(guards[0].modules) != 1):
+            raise ValueError(f"{self.id}: an import guard is the entry's one target, on one module")
+
+    @property
+    def guard(self) -> ImportGuard | None:
+        """The entry's import guard, when it guards a module's execution (else None)."""
+        target = self.targets[0]
+        return target if isinstance(target, ImportGuard) else None
 
     @property
     def target(self) -> Target:

@@ -1,0 +1,250 @@
+"""megatron-lm-6964: a stale ``flash_attn.cute`` no longer breaks attention's import.
+
+An import guard (``catalog.spec.ImportGuard``, ``import_guards``): the attention module's
+FA4 probe is module-level code, so the fix must be in place before it first runs. The
+stale package is a stub that raises as flash-attn 2.8.x's does beside a newer cutlass; FA4
+"truly present" is a stub ``flash-attn-4`` distribution with a working ``flash_attn.cute``.
+The real attention module is imported in child interpreters (marked slow: ~20-40 s each on
+a busy 2-core machine); the guard mechanism itself is tested in-process on a tiny module.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from backports.megatron._vendor.megatron_lm_6964.attention_fa4 import fa4_import_guard
+
+from backports.megatron import Action, Verdict, apply, import_guards, revert, status
+from backports.megatron.catalog.megatron_lm_6964 import SPEC, stale_flash_attn
+from tests.reports import report_for
+
+ID = "megatron-lm-6964"
+ATTENTION = "megatron.core.transformer.attention"
+STALE = "AttributeError: module 'cutlass.cute.core' has no attribute 'ThrMma'"
+
+
+def fa4_present(folder: Path) -> Path:
+    """flash-attn-4 installed: its distribution metadata and a flash_attn.cute that works."""
+    cute = folder / "flash_attn" / "cute"
+    cute.mkdir(parents=True)
+    (folder / "flash_attn" / "__init__.py").write_text("")
+    (cute / "__init__.py").write_text("def flash_attn_varlen_func(*args, **kwargs):\n    pass\n")
+    info = folder / "flash_attn_4-4.0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash-attn-4\nVersion: 4.0.0\n")
+    return folder
+
+
+def run_child(script: str, first_on_path: Path, **env: str) -> list[dict[str, Any]]:
+    """Run ``script`` with ``first_on_path`` first on sys.path; each "SEEN {json}" line."""
+    import os
+
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_BACKPORTS")}
+    environ.update(env)
+    environ["MEGATRON_BACKPORTS_CACHE"] = "0"
+    environ["PYTHONPATH"] = os.pathsep.join([str(first_on_path), *(p for p in sys.path if p)])
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [json.loads(line[5:]) for line in done.stdout.splitlines() if line.startswith("SEEN ")]
+
+
+IMPORT_ATTENTION = """
+import importlib, json, sys
+def import_attention():
+    try:
+        module = importlib.import_module("megatron.core.transformer.attention")
+        return {"HAVE_FA4": bool(module.HAVE_FA4)}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+def seen(**what):
+    print("SEEN " + json.dumps(what), flush=True)
+"""
+
+
+# --- the sniff (one child each) ----------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sniff_says_needed_on_0_19_2():
+    result = SPEC.sniff([import_guards.GuardTarget(ATTENTION, import_guards.no_guard)])
+    assert result.fixed is False
+    assert result.detail["stale_flash_attn_cute"] == {"imported": False, "error": STALE}
+
+
+@pytest.mark.slow
+def test_sniff_says_fixed_under_the_vendored_guard():
+    result = SPEC.sniff([import_guards.GuardTarget(ATTENTION, fa4_import_guard)])
+    assert result.fixed is True
+    assert result.detail["stale_flash_attn_cute"] == {"imported": True, "HAVE_FA4": False}
+
+
+# --- the real module in child interpreters ---------------------------------------------------
+
+
+@pytest.mark.slow
+def test_stale_cute_breaks_the_import_and_apply_before_it_fixes_it_and_revert_undoes(tmp_path):
+    seen = run_child(
+        IMPORT_ATTENTION
+        + """
+seen(step="stock", **import_attention())
+from backports.megatron import apply, revert
+(report,) = apply(only="megatron-lm-6964")
+seen(step="apply", action=str(report.action), verdict=str(report.verdict))
+seen(step="applied", **import_attention())
+import megatron.core.transformer.attention as attention
+import megatron.core.models.gpt.gpt_layer_specs  # what every GPT model build imports
+seen(step="gpt_layer_specs", ok=True)
+(report,) = revert(only="megatron-lm-6964")
+seen(step="revert", action=str(report.action))
+del sys.modules["megatron.core.transformer.attention"]
+seen(step="reverted", **import_attention())
+""",
+        stale_flash_attn(tmp_path),
+    )
+    assert seen == [
+        {"step": "stock", "error": STALE},
+        {"step": "apply", "action": "installed", "verdict": "needed"},
+        {"step": "applied", "HAVE_FA4": False},
+        {"step": "gpt_layer_specs", "ok": True},
+        {"step": "revert", "action": "reverted"},
+        {"step": "reverted", "error": STALE},
+    ]
+
+
+@pytest.mark.slow
+def test_the_start_up_hook_guards_the_first_import(tmp_path):
+    """What the hook file's line runs: the trigger fires on megatron's first lookup."""
+    seen = run_child(
+        IMPORT_ATTENTION
+        + """
+import backports.megatron as backports
+backports._start_up(("megatron",), {"strict": False, "only": None})
+seen(step="hooked", **import_attention())
+from backports.megatron.api import last_report
+report = last_report("megatron-lm-6964")
+seen(step="report", action=str(report.action))
+""",
+        stale_flash_attn(tmp_path),
+    )
+    assert seen == [
+        {"step": "hooked", "HAVE_FA4": False},
+        {"step": "report", "action": "installed"},
+    ]
+
+
+@pytest.mark.slow
+def test_switched_off_the_import_fails_as_on_0_19_2(tmp_path):
+    seen = run_child(
+        IMPORT_ATTENTION
+        + """
+import backports.megatron as backports
+backports._start_up(("megatron",), {"strict": False, "only": None})
+from backports.megatron import apply
+(report,) = apply(only="megatron-lm-6964")
+seen(step="apply", verdict=str(report.verdict))
+seen(step="import", **import_attention())
+""",
+        stale_flash_attn(tmp_path),
+        MEGATRON_BACKPORTS_SKIP=ID,
+    )
+    assert seen == [{"step": "apply", "verdict": "disabled"}, {"step": "import", "error": STALE}]
+
+
+@pytest.mark.slow
+def test_fa4_truly_present_stays_on(tmp_path):
+    seen = run_child(
+        IMPORT_ATTENTION
+        + """
+from backports.megatron import apply
+(report,) = apply(only="megatron-lm-6964")
+seen(step="apply", action=str(report.action))
+seen(step="import", **import_attention())
+""",
+        fa4_present(tmp_path),
+    )
+    assert seen == [{"step": "apply", "action": "installed"}, {"step": "import", "HAVE_FA4": True}]
+
+
+# --- in-process: reports, and the guard on a tiny module -----------------------------------
+
+
+def test_apply_installs_the_guard_and_revert_removes_it():
+    report = report_for(apply(only=ID), ID)
+    assert (report.verdict, report.action) == (Verdict.NEEDED, Action.INSTALLED)
+    assert ATTENTION in report.reason and "fa4_import_guard" in report.reason
+    installation = import_guards.installed(ID)
+    assert installation is not None and installation.module_name == ATTENTION
+    assert report_for(apply(only=ID), ID).action is Action.ALREADY_INSTALLED
+    reverted = report_for(revert(only=ID), ID)
+    assert reverted.action is Action.REVERTED and ATTENTION in reverted.reason
+    assert import_guards.installed(ID) is None
+    assert report_for(revert(only=ID), ID).action is Action.NOT_INSTALLED
+
+
+def test_skip_switch_leaves_it_off(monkeypatch):
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP", ID)
+    report = report_for(apply(only=ID), ID)
+    assert report.verdict is Verdict.DISABLED and import_guards.installed(ID) is None
+
+
+def test_ranks_see_the_installed_guard():
+    from backports.megatron.ranks import installed_backports
+
+    assert ID not in installed_backports()
+    apply(only=ID)
+    assert ID in installed_backports()
+
+
+@pytest.mark.slow
+def test_status_on_0_19_2_says_needed_with_its_reason():
+    report = report_for(status(only=ID), ID)
+    assert report.verdict is Verdict.NEEDED and report.action is Action.WOULD_INSTALL
+    assert "AttributeError" in report.reason and "flash-attn-4" in report.reason
+    assert report.evidence["target"]["kind"] == "import-guard"
+
+
+@pytest.fixture
+def tiny_module(tmp_path, monkeypatch):
+    """A module whose execution records whether a guard was around it."""
+    (tmp_path / "guarded_by_test.py").write_text(
+        "import guard_state\nRAN_INSIDE = guard_state.inside\n"
+    )
+    state = type(sys)("guard_state")
+    state.inside = False
+    monkeypatch.setitem(sys.modules, "guard_state", state)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield state
+    sys.modules.pop("guarded_by_test", None)
+    import_guards.uninstall("test-guard")
+
+
+def test_the_guard_runs_around_the_module_execution_and_only_while_installed(tiny_module):
+    import contextlib
+    import importlib
+
+    @contextlib.contextmanager
+    def guard():
+        tiny_module.inside = True
+        try:
+            yield
+        finally:
+            tiny_module.inside = False
+
+    assert import_guards.install("test-guard", "guarded_by_test", guard, "local-changes")
+    assert importlib.import_module("guarded_by_test").RAN_INSIDE is True
+    assert tiny_module.inside is False  # exited after the execution
+    assert import_guards.installed("test-guard").executions == ["ok"]
+    import_guards.uninstall("test-guard")
+    sys.modules.pop("guarded_by_test")
+    assert importlib.import_module("guarded_by_test").RAN_INSIDE is False

@@ -1,0 +1,70 @@
+# Vendored for megatron-backports; see UPSTREAM.toml beside this file.
+# repo:   https://github.com/NVIDIA/Megatron-LM
+# pr:     6964 (merged as 53abe744b5e8d043a06e54cfaef44cbe23b1e2ca)
+# path:   megatron/core/transformer/attention.py
+# symbol: HAVE_FA4 (module-level FA4 probe)
+# origin: handwritten in this repository from the pull request's described behaviour;
+#         not a byte copy of upstream source.
+"""PR #6964's FA4 decision, for ``megatron.core.transformer.attention``'s import.
+
+Upstream's behaviour: FA4 is used only when the ``flash-attn-4`` distribution is
+installed; ``flash_attn.cute`` is not imported otherwise. megatron-core 0.18 to 0.19.2
+import ``flash_attn.cute`` whenever that import path exists. flash-attn 2.8.x ships a stale
+``flash_attn.cute`` that predates FA4, and beside a newer ``nvidia-cutlass-dsl`` it raises
+``AttributeError`` (not ``ImportError``, which the probe catches): the module, and
+everything that imports it, fails to import.
+
+The attention module's code is module-level, so it cannot be replaced after the fact:
+``fa4_import_guard`` is the context that module executes in (see
+``backports.megatron.import_guards``). Without the flash-attn-4 distribution, importing
+``flash_attn.cute`` inside it raises ``ModuleNotFoundError``, which the module's FA4 probe
+turns into ``HAVE_FA4 = False``, as upstream decides. With the distribution it changes
+nothing.
+"""
+
+import contextlib
+import importlib.metadata
+import sys
+from collections.abc import Iterator
+
+# The module whose execution the guard wraps.
+__target_module__ = "megatron.core.transformer.attention"
+
+FA4_DISTRIBUTION = "flash-attn-4"
+FA4_PACKAGE = "flash_attn.cute"
+
+
+def fa4_installed() -> bool:
+    """Whether the flash-attn-4 distribution is installed (what upstream decides FA4 by)."""
+    try:
+        importlib.metadata.version(FA4_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+class _NotFA4:
+    """A ``sys.meta_path`` finder: ``flash_attn.cute`` without flash-attn-4 is not FA4."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+        if fullname == FA4_PACKAGE or fullname.startswith(FA4_PACKAGE + "."):
+            raise ModuleNotFoundError(
+                f"{fullname} is not imported: the {FA4_DISTRIBUTION} distribution is not "
+                "installed (a flash_attn.cute without it predates FA4)",
+                name=fullname,
+            )
+        return None
+
+
+@contextlib.contextmanager
+def fa4_import_guard() -> Iterator[None]:
+    """While the attention module executes: no FA4 import unless flash-attn-4 is installed."""
+    if fa4_installed():
+        yield
+        return
+    finder = _NotFA4()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
