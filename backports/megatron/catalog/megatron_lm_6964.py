@@ -43,6 +43,8 @@ try:
     seen = {"imported": True, "HAVE_FA4": bool(module.HAVE_FA4)}
 except Exception as exc:
     seen = {"imported": False, "error": f"{type(exc).__name__}: {exc}"}
+import megatron  # which copy the child judged (audit puts a candidate first on the path)
+seen["megatron"] = list(megatron.__path__)[0]
 print("SNIFF " + json.dumps(seen), flush=True)
 """
 
@@ -109,7 +111,7 @@ def _sniff(targets: Sequence[Any]) -> SniffResult:
     """Fixed iff the module imports with FA4 off beside a stale flash_attn.cute."""
     (target,) = targets
     seen = _import_beside_stale_cute(target.original)
-    detail = {"stale_flash_attn_cute": seen}
+    detail = {"stale_flash_attn_cute": seen, "megatron": seen.pop("megatron", None)}
     if seen == {"imported": True, "HAVE_FA4": False}:
         summary = f"{_MODULE} imports with FA4 off beside a stale flash_attn.cute"
         return SniffResult(True, summary, detail)
