@@ -423,7 +423,7 @@ def bench_pieces(x: Inputs, reps: int) -> dict[str, Any]:
 
 def compile_check(function: Callable[..., Any], seq: int = 512) -> dict[str, Any]:
     """TileLang kernels compiled by the first forward+backward at batch 1, then 2, 3, 4."""
-    from tests.gpu.prewarm import CompileCounter
+    from backports.megatron.testing.prewarm import CompileCounter
 
     counter = CompileCounter().attach()
     result: dict[str, Any] = {"seq": seq, "batches": {}}
@@ -724,7 +724,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         log("compile check:", report["compile_check"])
         save()
     if DEVICE == "cuda":
-        from tests.gpu.prewarm import prewarm
+        from backports.megatron.testing.prewarm import prewarm
 
         log("prewarm:", prewarm([HEADS], [TOPK], SCALE))
 

@@ -3,7 +3,7 @@
 The benchmarks run on a GPU host once in a while; these tests run their code in CI so that
 an API change (``apply()``'s return shape, a megatron module's constructor) breaks here,
 not on the next GPU run. The real megatron-core 0.19.2 modules run; only TileLang's
-``SparseMLA`` is the honest FP32 stand-in from ``tests/fake_kernel.py``.
+``SparseMLA`` is the honest FP32 stand-in from ``backports.megatron.testing.fake_kernel``.
 """
 
 import importlib.util
@@ -14,8 +14,8 @@ from types import ModuleType
 import pytest
 
 from backports.megatron import apply, revert
+from backports.megatron.testing.fake_kernel import FakeSparseMLA
 from tests.conftest import BACKPORT_ID
-from tests.fake_kernel import FakeSparseMLA
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
