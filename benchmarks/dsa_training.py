@@ -43,6 +43,7 @@ import socket
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -333,6 +334,11 @@ def train_shape(
         result["status"] = "out of memory"
         result["error"] = str(exc).splitlines()[0]
         log(f"{b}x{s}: out of memory at step {len(result['steps']) + 1}: {result['error']}")
+    except Exception as exc:  # one shape's failure is a result; the other shapes still run
+        result["status"] = "failed"
+        result["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        log(f"{b}x{s}: failed at step {len(result['steps']) + 1}:")
+        traceback.print_exc()
     finally:
         counters.detach()
         result["calls"] = counters.as_dict()

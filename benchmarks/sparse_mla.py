@@ -507,7 +507,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"SparseMLA, 16 heads, width 512, top-k 2051, bf16, int32 indices; "
         f"{env['gpu']}, torch {env['torch']} (CUDA {env['cuda']}), TileLang {env['tilelang']}, "
-        f"megatron-core {env['megatron_core']}. Median ms of CUDA-event timings "
+        f"megatron-core {env['megatron_core']}. Median ms of "
+        f"{'CUDA-event' if env['sms'] is not None else 'wall-clock'} timings "
         f"(fwd n={report['args']['reps']}, fwd+bwd n={report['args']['bwd_reps']}); "
         "peak GiB above the caller's tensors.",
         "",

@@ -29,6 +29,7 @@ def load(name: str) -> ModuleType:
     return module
 
 
+@pytest.mark.slow  # ~20-30 s on a busy 2-core CPU: megatron's import, FP32 fake kernel
 def test_sparse_mla_benchmark_runs_one_tiny_config(fake_kernel: FakeSparseMLA, tmp_path: Path):
     bench = load("sparse_mla")
     out = tmp_path / "sparse_mla.json"
