@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from backports.megatron._vendor.megatron_lm_6964.attention_fa4 import fa4_import_guard
+from backports.megatron._vendor.megatron_lm_6964.attention import fa4_import_guard
 
 from backports.megatron import Action, Verdict, apply, import_guards, revert, status
 from backports.megatron.catalog.megatron_lm_6964 import SPEC, stale_flash_attn

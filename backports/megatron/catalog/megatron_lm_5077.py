@@ -11,15 +11,12 @@ silently loses Adam moments.
 import logging
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from packaging.version import Version
 
+from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
 from ..private_globals import with_globals
-from .spec import BackportSpec, SniffResult, Target, VendoredRef
-
-if TYPE_CHECKING:
-    from ..targets import ResolvedTarget
 
 __all__ = ["SPEC"]
 
@@ -29,10 +26,6 @@ _NUMEL = 4  # each of the two parameters
 _COMPACT = 2 * _NUMEL
 _SECOND_FIXED = [4.0, 5.0, 6.0, 7.0]
 _SECOND_UNFIXED = [0.0, 0.0, 0.0, 0.0]
-
-
-class _SniffFailed(RuntimeError):
-    """The installed method did not behave like any version of itself."""
 
 
 def _quiet_logger() -> logging.Logger:
@@ -88,15 +81,15 @@ def _second_parameter_state(method: Callable[..., Any], padded: bool) -> dict[st
     }
     state = method(optimizer, model, is_loading=False, metadata={})
     if calls != [{"use_gloo_comm": False, "empty_data": False, "return_on_all_ranks": True}]:
-        raise _SniffFailed(f"it gathered the state with {calls}")
+        raise SniffFailed(f"it gathered the state with {calls}")
     if sorted(state) != [0, 1]:
-        raise _SniffFailed(f"it returned state for parameters {sorted(state)}")
+        raise SniffFailed(f"it returned state for parameters {sorted(state)}")
     out: dict[str, Any] = {}
     for index, tensors in sorted(state.items()):
         if sorted(tensors) != ["exp_avg", "exp_avg_sq", "param"]:
-            raise _SniffFailed(f"parameter {index} has state keys {sorted(tensors)}")
+            raise SniffFailed(f"parameter {index} has state keys {sorted(tensors)}")
         if tensors["exp_avg"].key != f"optimizer.state.exp_avg.p{index}":
-            raise _SniffFailed(f"parameter {index} is saved as {tensors['exp_avg'].key!r}")
+            raise SniffFailed(f"parameter {index} is saved as {tensors['exp_avg'].key!r}")
         out[f"p{index}"] = {key: tensors[key].data.tolist() for key in ("exp_avg", "exp_avg_sq")}
     return out
 
@@ -109,10 +102,10 @@ def _sniff_method(method: Callable[..., Any]) -> SniffResult:
         "p1": {"exp_avg": _SECOND_FIXED, "exp_avg_sq": [104.0, 105.0, 106.0, 107.0]},
     }
     if one_bucket != expected_one:
-        raise _SniffFailed(f"one unpadded bucket gave {one_bucket}")
+        raise SniffFailed(f"one unpadded bucket gave {one_bucket}")
     two_buckets = _second_parameter_state(method, padded=True)
     if two_buckets["p0"] != expected_one["p0"]:
-        raise _SniffFailed(f"the first parameter of two buckets gave {two_buckets['p0']}")
+        raise SniffFailed(f"the first parameter of two buckets gave {two_buckets['p0']}")
     second = two_buckets["p1"]["exp_avg"]
     detail = {"one_bucket": one_bucket, "two_buckets": two_buckets}
     if two_buckets["p1"] == expected_one["p1"]:
@@ -124,10 +117,10 @@ def _sniff_method(method: Callable[..., Any]) -> SniffResult:
             f"its exp_avg is saved as {second}, not {_SECOND_FIXED}"
         )
         return SniffResult(False, summary, detail)
-    raise _SniffFailed(f"the parameter after a padded bucket gave {two_buckets['p1']}")
+    raise SniffFailed(f"the parameter after a padded bucket gave {two_buckets['p1']}")
 
 
-def _sniff(targets: Sequence["ResolvedTarget"]) -> SniffResult:
+def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
     """Sniff a private copy of the method that logs nowhere."""
     (target,) = targets
     return _sniff_method(with_globals(target.original, {"logger": _quiet_logger()}))
@@ -155,13 +148,4 @@ SPEC = BackportSpec(
     # No megatron-core release carries it yet (0.19.2 is the newest on PyPI and lacks it).
     fixed_in=None,
     sniff=_sniff,
-    vendored=VendoredRef(
-        package="backports.megatron._vendor.megatron_lm_5077",
-        module="distrib_optimizer",
-        attribute="sharded_param_state_fully_reshardable",
-    ),
-    delete_when_landed=(
-        "Delete vendor/megatron_lm_5077/ and backports/megatron/catalog/megatron_lm_5077.py, "
-        "and drop MEGATRON_LM_5077 from backports/megatron/catalog/__init__.py."
-    ),
 )

@@ -8,14 +8,11 @@ prompt as well as the answer.
 
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from packaging.version import Version
 
-from .spec import BackportSpec, SniffResult, Target, VendoredRef
-
-if TYPE_CHECKING:
-    from ..targets import ResolvedTarget
+from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
 
 __all__ = ["SPEC"]
 
@@ -27,10 +24,6 @@ _MASKED = [-100, -100, 3, 3]
 # A format that always masked prompt turns (the control) and the one the fix is about.
 _ALWAYS_MASKED_FORMAT = "nemotron-h-aligned"
 _FORMAT = "identity"
-
-
-class _SniffFailed(RuntimeError):
-    """The installed method did not behave like any version of itself."""
 
 
 class _TwoIdsPerTurn:
@@ -75,7 +68,7 @@ def _sniff_method(method: Callable[..., Any]) -> SniffResult:
         _ALWAYS_MASKED_FORMAT: (_TOKENS, _MASKED),
     }
     if controls != expected:
-        raise _SniffFailed(f"the controls gave {controls}, not {expected}")
+        raise SniffFailed(f"the controls gave {controls}, not {expected}")
     tokens, target = _tokenize(method, _FORMAT, return_target=True)
     detail = {"controls": controls, "identity": {"tokens": tokens, "target": target}}
     if tokens == _TOKENS and target == _MASKED:
@@ -86,10 +79,10 @@ def _sniff_method(method: Callable[..., Any]) -> SniffResult:
             f"{target}, not {_MASKED}"
         )
         return SniffResult(False, summary, detail)
-    raise _SniffFailed(f"the identity format gave tokens {tokens}, targets {target}")
+    raise SniffFailed(f"the identity format gave tokens {tokens}, targets {target}")
 
 
-def _sniff(targets: Sequence["ResolvedTarget"]) -> SniffResult:
+def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
     (target,) = targets
     return _sniff_method(target.original)
 
@@ -111,13 +104,4 @@ SPEC = BackportSpec(
     # No megatron-core release carries it yet (0.19.2 is the newest on PyPI and lacks it).
     fixed_in=None,
     sniff=_sniff,
-    vendored=VendoredRef(
-        package="backports.megatron._vendor.megatron_lm_6682",
-        module="sft_tokenizer",
-        attribute="tokenize_conversation",
-    ),
-    delete_when_landed=(
-        "Delete vendor/megatron_lm_6682/ and backports/megatron/catalog/megatron_lm_6682.py, "
-        "and drop MEGATRON_LM_6682 from backports/megatron/catalog/__init__.py."
-    ),
 )

@@ -21,7 +21,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from .spec import BackportSpec, ImportGuard, SniffResult, VendoredRef
+from ..model import BackportSpec, ImportGuard, SniffFailed, SniffResult
 
 __all__ = ["SPEC", "import_in_child", "stale_flash_attn"]
 
@@ -49,10 +49,6 @@ print("SNIFF " + json.dumps(seen), flush=True)
 """
 
 
-class _SniffFailed(RuntimeError):
-    """The module's import did not behave like any version of itself."""
-
-
 def stale_flash_attn(folder: Path) -> Path:
     """A ``flash_attn`` package in ``folder`` whose ``cute`` raises as flash-attn 2.8.x's
     does beside a newer cutlass; no flash-attn-4 distribution. Returns ``folder``."""
@@ -77,7 +73,7 @@ def import_in_child(guard: Callable[..., Any], first_on_path: Path) -> dict[str,
     lines = [line for line in done.stdout.splitlines() if line.startswith("SNIFF ")]
     if done.returncode != 0 or len(lines) != 1:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise _SniffFailed(f"the child exited {done.returncode}: {tail[0]}")
+        raise SniffFailed(f"the child exited {done.returncode}: {tail[0]}")
     return json.loads(lines[0][len("SNIFF ") :])  # type: ignore[no-any-return]
 
 
@@ -122,7 +118,7 @@ def _sniff(targets: Sequence[Any]) -> SniffResult:
             "distribution"
         )
         return SniffResult(False, summary, detail)
-    raise _SniffFailed(f"beside a stale flash_attn.cute the import gave {seen}")
+    raise SniffFailed(f"beside a stale flash_attn.cute the import gave {seen}")
 
 
 SPEC = BackportSpec(
@@ -141,13 +137,4 @@ SPEC = BackportSpec(
     # No megatron-core release carries it yet (0.19.2 is the newest on PyPI and lacks it).
     fixed_in=None,
     sniff=_sniff,
-    vendored=VendoredRef(
-        package="backports.megatron._vendor.megatron_lm_6964",
-        module="attention_fa4",
-        attribute="fa4_import_guard",
-    ),
-    delete_when_landed=(
-        "Delete vendor/megatron_lm_6964/ and backports/megatron/catalog/megatron_lm_6964.py, "
-        "and drop MEGATRON_LM_6964 from backports/megatron/catalog/__init__.py."
-    ),
 )
