@@ -52,7 +52,8 @@ def _tokenize(method: Callable[..., Any], prompt_format: str, return_target: boo
     if not return_target:
         return [int(t) for t in out]
     tokens, target = out
-    return [int(t) for t in tokens], [int(t) for t in target]
+    # Lists, not a tuple: the detail goes into reports and their JSON as it is.
+    return [[int(t) for t in tokens], [int(t) for t in target]]
 
 
 def _sniff_method(method: Callable[..., Any]) -> SniffResult:
@@ -64,8 +65,8 @@ def _sniff_method(method: Callable[..., Any]) -> SniffResult:
     }
     expected = {
         "tokens": _TOKENS,
-        "default": (_TOKENS, _TOKENS),
-        _ALWAYS_MASKED_FORMAT: (_TOKENS, _MASKED),
+        "default": [_TOKENS, _TOKENS],
+        _ALWAYS_MASKED_FORMAT: [_TOKENS, _MASKED],
     }
     if controls != expected:
         raise SniffFailed(f"the controls gave {controls}, not {expected}")
