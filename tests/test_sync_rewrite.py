@@ -1,4 +1,4 @@
-"""tools/sync_rewrite.py: which names become live look-ups, and that nothing else changes.
+"""backports/megatron/sync/rewrite.py: which names become live look-ups, nothing else.
 
 Python's own ``symtable`` is the oracle for scoping: a name is rewritten exactly when the
 compiler would read it from the module's globals and the module (not builtins, not an
@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import builtins
 import symtable
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-
-from sync_rewrite import (
+from backports.megatron.sync.rewrite import (
     Provenance,
     RewriteError,
     SourceError,

@@ -37,9 +37,11 @@ from gitdb import IStream
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
-import sync_upstream  # noqa: E402
+import sync_upstream  # noqa: E402  (the thin wrapper users call)
 
 from backports.megatron.catalog import CATALOG, MEGATRON_LM_7617  # noqa: E402
+from backports.megatron.sync import commands as sync_commands  # noqa: E402
+from backports.megatron.sync import fetch as sync_fetch  # noqa: E402
 
 BACKPORT = "megatron-lm-7617"
 OLD_PATH = "megatron/core/transformer/experimental_attention_variant/ops/tilelang_dsa.py"
@@ -907,7 +909,7 @@ def test_an_interrupted_fetch_leaves_no_empty_clone(
     def interrupted(repo: Any, *refspecs: str) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sync_upstream, "_git_fetch", interrupted)
+    monkeypatch.setattr(sync_fetch, "_git_fetch", interrupted)
     run = expect_error(
         tool, vendor, *sync_args(upstream), says="sync_upstream.py: error: interrupted"
     )
@@ -1021,7 +1023,7 @@ def test_any_other_error_is_one_line_with_status_2(
     def fail(*args: Any) -> None:
         raise error
 
-    monkeypatch.setattr(sync_upstream, "render_vendored", fail)
+    monkeypatch.setattr(sync_commands, "render_vendored", fail)
     run = expect_error(tool, vendor, *sync_args(upstream), says=says)
     assert run.err == f"sync_upstream.py: error: {says}\n"
 
@@ -1052,7 +1054,7 @@ class FailAt:
 
     def __init__(self, vendor: Path, n: int, error: BaseException) -> None:
         self.vendor, self.n, self.error, self.seen = str(vendor), n, error, 0
-        self.real_rename, self.real_write = os.rename, sync_upstream.write_file
+        self.real_rename, self.real_write = os.rename, sync_commands.write_file
 
     def _step(self, *paths: Any) -> None:
         if any(str(path).startswith(self.vendor) for path in paths):
@@ -1088,7 +1090,7 @@ def test_an_interrupted_sync_leaves_the_old_pair(
     before = visible(vendor)
     fail = FailAt(vendor, step, error)
     monkeypatch.setattr(os, "rename", fail.rename)
-    monkeypatch.setattr(sync_upstream, "write_file", fail.write_file)
+    monkeypatch.setattr(sync_commands, "write_file", fail.write_file)
     run = tool(*sync_args(upstream))
     assert fail.seen > step  # it really failed at that step
     assert run.code == 2 and run.err.count("\n") == 1, run.err

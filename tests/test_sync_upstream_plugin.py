@@ -174,10 +174,10 @@ def test_a_failed_swap_leaves_the_plugins_old_pair(
             raise OSError(28, "No space left on device")
         real(src, dst)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sync_upstream.os, "rename", second_rename_fails)
+    monkeypatch.setattr(os, "rename", second_rename_fails)
     code, _, err = tool("--backport", ID, "--pr", PR)
     assert code == 2 and "No space left on device" in err and err.count("\n") == 1
-    monkeypatch.setattr(sync_upstream.os, "rename", real)
+    monkeypatch.setattr(os, "rename", real)
     assert snapshot(plugin.folder) == before
     assert sorted(p.name for p in plugin.vendor.iterdir() if p.name.startswith(".")) == []
     assert tool("--check")[0] == 0

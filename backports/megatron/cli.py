@@ -462,6 +462,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     only(sub)
     _new_parser(commands)
+    _sync_parser(commands)
     return parser
 
 
@@ -493,6 +494,17 @@ def _new_parser(commands: Any) -> None:
     sub.add_argument("--dest", required=True, metavar="DIR", help="where to write (new folder)")
     sub.add_argument("--sha", help="the pull request's head commit (else set it later)")
     sub.add_argument("--package", help="import name (default: <id>_backport)")
+
+
+def _sync_parser(commands: Any) -> None:
+    from .sync import cli as sync_cli  # light: git and tomlkit load only when a sync runs
+
+    help_text = "refresh vendor/<id>/ from an upstream commit, or check it for drift"
+    sub = commands.add_parser(
+        "sync", help=help_text, description=sync_cli.DESCRIPTION, epilog=sync_cli.EPILOG
+    )
+    sync_cli.add_arguments(sub)
+    sub.set_defaults(run=lambda args: sync_cli.run(sub, args), json=False)
 
 
 # ---- main ----------------------------------------------------------------------------------

@@ -12,10 +12,28 @@ handwritten folder of an open pull request (no ``merge_sha``) whose head is not 
 """
 
 import re
+import tomllib
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["manifest_problems", "symbols"]
+from .errors import BackportError
+
+__all__ = [
+    "ManifestError",
+    "manifest_problems",
+    "parse_upstream",
+    "render_upstream",
+    "symbols",
+]
+
+FILE_NAME = "UPSTREAM.toml"
+# Written by a sync or --rehash: a folder being set up may not have them yet.
+HASHES = ("sha256", "files_sha256")
+
+
+class ManifestError(BackportError):
+    """An ``UPSTREAM.toml`` that cannot be read, or that breaks the schema."""
+
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _SHA = re.compile(r"[0-9a-f]{4,40}")
@@ -97,14 +115,16 @@ OPTIONAL: dict[str, Callable[[Any], str | None]] = {
 }
 
 
-def manifest_problems(data: dict[str, Any]) -> list[str]:
+def manifest_problems(data: dict[str, Any], *, hashes_required: bool = True) -> list[str]:
     """What is wrong with a parsed ``UPSTREAM.toml``, one phrase per key; [] when valid.
 
-    Unknown keys are allowed: a newer sync tool may write more.
+    Unknown keys are allowed: a newer sync tool may write more. ``hashes_required=False``
+    (a sync about to write them) lets ``sha256`` and ``files_sha256`` be missing.
     """
     if not data:
         return ["it is empty"]
-    problems = [f"{key} is missing" for key in REQUIRED if key not in data]
+    optional = () if hashes_required else HASHES
+    problems = [f"{key} is missing" for key in REQUIRED if key not in data and key not in optional]
     open_and_handwritten = data.get("origin") == "handwritten" and "merge_sha" not in data
     if "head_sha" not in data and not open_and_handwritten:
         problems.append(
@@ -123,3 +143,40 @@ def symbols(data: dict[str, Any]) -> list[str]:
     """``symbol`` of a valid manifest as a list (one name, or several in target order)."""
     value = data["symbol"]
     return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def parse_upstream(text: str, where: str, *, hashes_required: bool = True) -> dict[str, Any]:
+    """The one reader of ``UPSTREAM.toml`` (the probe's and the sync's): its text parsed
+    and checked against the schema; a ``ManifestError`` in one line naming ``where``."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(f"cannot read {where}: {exc}") from exc
+    problems = manifest_problems(data, hashes_required=hashes_required)
+    if problems:
+        raise ManifestError(f"{where} is not a valid {FILE_NAME}: {'; '.join(problems)}")
+    return data
+
+
+def render_upstream(old_text: str, data: dict[str, Any]) -> str:
+    """The one writer: ``data`` written over the old ``UPSTREAM.toml`` text with tomlkit
+    (every value a TOML literal; comments and key order stay, keys ``data`` drops go, new
+    keys follow in ``data``'s order). Refuses data the schema refuses."""
+    problems = manifest_problems(data, hashes_required=False)
+    if problems:
+        raise ManifestError(f"refusing to write an invalid {FILE_NAME}: {'; '.join(problems)}")
+    try:
+        import tomlkit
+    except ImportError as exc:
+        raise ManifestError(
+            f"writing {FILE_NAME} needs tomlkit: pip install 'megatron-backports[git]'"
+        ) from exc
+    document = tomlkit.parse(old_text) if old_text else tomlkit.document()
+    for key in [key for key in document if key not in data]:
+        del document[key]
+    for key, value in data.items():
+        document[key] = value
+    text = tomlkit.dumps(document)
+    if tomllib.loads(text) != data:
+        raise ManifestError(f"internal error: the {FILE_NAME} written would not read back")
+    return text

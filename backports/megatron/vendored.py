@@ -2,7 +2,6 @@
 
 import hashlib
 import importlib
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.resources import files
@@ -11,7 +10,7 @@ from typing import Any
 
 from .catalog import VendoredRef
 from .errors import BackportError
-from .upstream_schema import manifest_problems
+from .upstream_schema import parse_upstream
 
 __all__ = [
     "Integrity",
@@ -28,13 +27,10 @@ def read_upstream(ref: VendoredRef) -> dict[str, Any]:
     """The vendored package's ``UPSTREAM.toml`` as a dict, its schema checked."""
     manifest = files(ref.package) / _MANIFEST
     try:
-        data = tomllib.loads(manifest.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        text = manifest.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
         raise BackportError(f"cannot read {ref.package}/{_MANIFEST}: {exc}") from exc
-    problems = manifest_problems(data)
-    if problems:
-        raise BackportError(f"{manifest} is not a valid {_MANIFEST}: {'; '.join(problems)}")
-    return data
+    return parse_upstream(text, str(manifest))
 
 
 @dataclass(frozen=True)
@@ -70,7 +66,7 @@ def python_files_digest(folder: Traversable) -> str:
     """One sha256 over every ``*.py`` file directly in ``folder`` (what an import can load).
 
     Per file, sorted by name: ``name``, a NUL, the file's sha256 in hex, a newline. A
-    ``pathlib.Path`` is a ``Traversable`` too, so tools/sync_upstream.py hashes a source
+    ``pathlib.Path`` is a ``Traversable`` too, so ``backports sync`` hashes a source
     tree with the very function the probe uses on the installed package.
     """
     lines = sorted(

@@ -5,7 +5,7 @@ the module-global names it reads at call time are replaced, in place, by
 ``_live_target().NAME``, so the vendored copy sees the target module's current kernel and
 helpers. Names the vendored module imports itself (``torch``, ``typing`` names), builtins
 and the function's own locals are left alone. No git and no file system here:
-``tools/sync_upstream.py`` is the command line around it.
+``backports sync`` (``commands.py``) is the step around it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import ast
 import builtins
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from .errors import RewriteError, SourceError, SyncError
 
 __all__ = [
     "LIVE_TARGET",
@@ -39,18 +41,6 @@ _MODULE_DUNDERS = frozenset({"__name__", "__doc__", "__spec__", "__loader__", "_
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 _SCOPES = (*_FUNCTIONS, ast.Lambda, ast.ClassDef, *_COMPREHENSIONS)
-
-
-class SyncError(Exception):
-    """Base of every error the sync tool reports (exit status 2, nothing written)."""
-
-
-class SourceError(SyncError):
-    """The upstream source does not hold the symbol as a usable top-level function."""
-
-
-class RewriteError(SyncError):
-    """The function cannot be vendored with live look-ups, or the result is broken."""
 
 
 # --- scopes -------------------------------------------------------------------------------
