@@ -253,3 +253,27 @@ def test_the_header_says_only_what_the_entrys_manifest_records():
     )
     moved = render_vendored(MODULE + "def f():\n    return K\n" + _TAIL, "f", provenance)
     assert "(upstream plans to move it to new/m.py)" in moved.text
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("repo", "https://x/r.git\nimport os"),  # a newline ends the header comment
+        ("repo", 'https://x/r.git"""; import os; """'),  # quotes end the docstring
+        ("path", "m.py\\"),  # a backslash escapes what follows it
+        ("path", "m{0}.py"),  # a format field
+        ("moved_path", "new/m.py\rimport os"),
+        ("sha", "ab" * 20 + "\n"),
+    ],
+)
+def test_a_value_that_would_escape_into_code_is_refused(field: str, value: str) -> None:
+    values = {"repo": "https://example.com/up.git", "path": "m.py", "sha": "ab" * 20}
+    values["moved_path"] = "new/m.py"
+    values[field] = value
+    with pytest.raises(RewriteError, match=f"^{field} .* refusing to write it into code"):
+        Provenance(values["repo"], 1, values["sha"], values["path"], "f", "m", values["moved_path"])
+
+
+def test_a_target_module_that_is_no_python_name_is_refused() -> None:
+    with pytest.raises(RewriteError, match="is not a dotted Python name"):
+        Provenance("https://example.com/up.git", 1, "ab" * 20, "m.py", "f", 'm"\nimport os')

@@ -84,7 +84,7 @@ def plugin(tmp_path: Path) -> Plugin:
     head = commit_files(repo, {PATH: FIXED}, "divide: ValueError", base)
     git.Reference.create(repo, f"refs/pull/{PR}/head", head)
     root = tmp_path / "acme-plugin"
-    args = ["--id", ID, "--pr", PR, "--repo", str(upstream), "--sha", head[:7]]
+    args = ["--id", ID, "--pr", PR, "--repo", str(upstream), "--sha", head]
     assert (
         cli.main(["new", *args, "--target", "megatron.core.utils:divide", "--dest", str(root)]) == 0
     )

@@ -302,7 +302,7 @@ def test_the_entry_point_registers_it():
 
 def test_upstream_toml_names_the_pull_requests_head():
     data = tomllib.loads((files(SPEC.vendored.package) / "UPSTREAM.toml").read_text())
-    assert data["head_sha"] != "0000000", "set head_sha (and merge_sha) in UPSTREAM.toml"
+    assert data["head_sha"] != "0" * 40, "set head_sha (and merge_sha) in UPSTREAM.toml"
 
 
 def test_the_installed_target_lacks_the_fix():

@@ -463,6 +463,7 @@ def _parser() -> argparse.ArgumentParser:
     only(sub)
     _new_parser(commands)
     _sync_parser(commands)
+    _upstream_tests_parser(commands)
     return parser
 
 
@@ -494,6 +495,29 @@ def _new_parser(commands: Any) -> None:
     sub.add_argument("--dest", required=True, metavar="DIR", help="where to write (new folder)")
     sub.add_argument("--sha", help="the pull request's head commit (else set it later)")
     sub.add_argument("--package", help="import name (default: <id>_backport)")
+
+
+def _cmd_upstream_tests(args: argparse.Namespace) -> int:
+    from . import upstream_tests  # git and a child pytest: only this command needs them
+
+    notes: list[str] = []
+    rows = upstream_tests.run_upstream_tests(args.id, Path(args.repo), args.sha, notes)
+    table = [("test", "stock / backport")]
+    print(_two_columns(table + [(row.test, f"{row.stock} / {row.backport}") for row in rows]))
+    for note in notes:
+        print(f"note: {note}")
+    code, summary = upstream_tests.verdict(rows)
+    print(f"{args.id}: {summary}")
+    return code
+
+
+def _upstream_tests_parser(commands: Any) -> None:
+    help_text = "run upstream's own tests of a fix, stock and with the backport"
+    sub = commands.add_parser("upstream-tests", help=help_text, description=help_text)
+    sub.set_defaults(run=_cmd_upstream_tests, json=False)
+    sub.add_argument("id", metavar="ID", help="backport id, e.g. megatron-lm-6114")
+    sub.add_argument("--repo", required=True, metavar="PATH", help="a Megatron-LM git clone")
+    sub.add_argument("--sha", help="take the tests from this commit (default: the recorded)")
 
 
 def _sync_parser(commands: Any) -> None:

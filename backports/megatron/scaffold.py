@@ -37,14 +37,16 @@ from . import _scaffold_templates as t
 from .errors import BackportError
 from .scaffold_model import Scaffold, TargetInfo
 from .targets import compiled_body
+from .upstream_schema import unsafe_text
 from .vendored import python_files_digest
 from .versions import installed_version
 
 __all__ = ["Scaffold", "TargetInfo", "create", "read_target"]
 
-_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
-_SHA = re.compile(r"[0-9a-f]{4,40}")
-_UNSET_SHA = "0000000"  # schema-valid placeholder; the generated tests refuse it
+# A letter first: the id's folder (``vendor/<id with underscores>``) is a Python package.
+_ID = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+_SHA = re.compile(r"[0-9a-f]{40}")
+_UNSET_SHA = "0" * 40  # schema-valid placeholder; the generated tests refuse it
 
 
 # ---- reading the installed target --------------------------------------------------------
@@ -205,14 +207,26 @@ def read_target(spec: str) -> TargetInfo:
 
 
 def _check(scaffold: Scaffold) -> None:
+    """Every value lands in Python, TOML and Markdown: one that is not plainly what its flag
+    names is refused (blamed on that flag), never written."""
     if not _ID.fullmatch(scaffold.id):
-        raise BackportError(f"--id must be lowercase words joined by '-', not {scaffold.id!r}")
+        raise BackportError(
+            f"--id must be lowercase words joined by '-', starting with a letter "
+            f"(megatron-lm-9999), not {scaffold.id!r}"
+        )
     if scaffold.pr <= 0:
         raise BackportError(f"--pr must be a positive pull-request number, not {scaffold.pr}")
     if scaffold.sha is not None and not _SHA.fullmatch(scaffold.sha):
-        raise BackportError(f"--sha must be 4 to 40 lowercase hex digits, not {scaffold.sha!r}")
-    if not scaffold.package_name.isidentifier():
-        raise BackportError(f"--package must be a Python name, not {scaffold.package_name!r}")
+        raise BackportError(
+            f"--sha must be the full commit SHA (40 lowercase hex digits), not {scaffold.sha!r}"
+        )
+    why = unsafe_text(scaffold.repo) if scaffold.repo.strip() else "nothing"
+    if why is not None:
+        raise BackportError(f"--repo {scaffold.repo!r} holds {why}: give a URL or a path")
+    if scaffold.package is not None and not (
+        scaffold.package.isidentifier() and scaffold.package.isascii()
+    ):
+        raise BackportError(f"--package must be a Python name, not {scaffold.package!r}")
     if scaffold.dest.exists() or scaffold.dest.is_symlink():
         raise BackportError(f"{scaffold.dest} exists: `backports new` never overwrites")
 

@@ -12,10 +12,13 @@ import datetime
 import hashlib
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .errors import Interrupted, UsageError, WriteError
+from ..upstream_schema import symbols
+from .assemble import Piece, render_pieces
+from .errors import Interrupted, Refused, UsageError, WriteError
 from .fetch import cache_clone, fetch, repo_location, resolve_commit
 from .manifest import (
     MANIFEST,
@@ -27,7 +30,7 @@ from .manifest import (
     render_manifest,
 )
 from .rewrite import Provenance, Vendored, render_vendored
-from .source import Source, read_source
+from .source import Source, read_other, read_source
 from .stage import (
     leftovers,
     read_text,
@@ -37,6 +40,7 @@ from .stage import (
     unified_diff,
     write_file,
 )
+from .verify import sniff_candidate
 
 __all__ = ["check", "rehash", "sync"]
 
@@ -52,8 +56,10 @@ def _module_name(path: str) -> str:
 
 
 def _new_manifest(
-    backport: Backport, commit: Any, source: Source, vendored: Vendored, synced_repo: str | None
+    backport: Backport, commit: Any, source: Source, vendored: Vendored
 ) -> dict[str, Any]:
+    """The manifest after a sync: full SHAs, and the canonical repository URL it already
+    names (never the local path or mirror a sync fetched from)."""
     data = dict(backport.manifest)
     for key in ("synced_repo", "synced_date"):
         data.pop(key, None)
@@ -61,16 +67,14 @@ def _new_manifest(
         sha256=_sha256(vendored.text.encode("utf-8")),
         origin="synced",
         origin_note=(
-            f"Synced by tools/sync_upstream.py from {source.path} at {commit.hexsha[:12]}: "
-            "upstream's function as it is, its module-global reads made live look-ups."
+            f"Synced by backports sync from {source.path} at {commit.hexsha}: "
+            "upstream's code as it is, its module-global reads made live look-ups."
         ),
         synced_sha=commit.hexsha,
         synced_path=source.path,
         upstream_sha256=_sha256(vendored.segment.encode("utf-8")),
         reads=list(vendored.reads),
     )
-    if synced_repo is not None:
-        data["synced_repo"] = synced_repo
     # A handwritten folder of an open pull request may not know its head: the commit
     # synced now is the first one known to be upstream's.
     data.setdefault("head_sha", commit.hexsha)
@@ -108,18 +112,43 @@ def _tidy(vendor: Path, dry_run: bool) -> None:
         print(f"note: {line}")
 
 
-def _one_symbol(backport: Backport) -> str:
-    """The one top-level function a sync vendors; a folder of several targets (a list of
-    symbols, or a "Class.method") stays handwritten."""
-    symbol = backport.manifest["symbol"]
-    names = symbol if isinstance(symbol, list) else [symbol]
-    if len(names) != 1 or "." in names[0]:
-        raise UsageError(
-            f"{backport.shown(MANIFEST)} names {', '.join(map(str, names))}: a sync vendors one "
-            "top-level function; keep this folder handwritten and record its hashes with "
-            "--rehash"
-        )
-    return str(names[0])
+def _pieces(manifest: dict[str, Any], source: Source) -> list[Piece]:
+    """What to vendor: each target symbol, then the module state listed in ``carry``;
+    each read from ``symbol_paths``'s file for it, else from the manifest's source."""
+    paths: dict[str, str] = manifest.get("symbol_paths", {})
+    pieces = []
+    for name, carried in [(s, False) for s in symbols(manifest)] + [
+        (c, True) for c in manifest.get("carry", [])
+    ]:
+        path = paths.get(name, source.path)
+        module = _module_name(manifest["path"] if path == source.path else path)
+        pieces.append(Piece(path, module, name, carried))
+    return pieces
+
+
+def _is_one_function(manifest: dict[str, Any]) -> bool:
+    names = symbols(manifest)
+    plain = len(names) == 1 and "." not in names[0]
+    return plain and not manifest.get("carry") and not manifest.get("symbol_paths")
+
+
+def _first_owner(manifest: dict[str, Any]) -> str:
+    """The top-level name the manifest's source must define: the first symbol's owner."""
+    return symbols(manifest)[0].partition(".")[0]
+
+
+def _vendor_at(
+    manifest: dict[str, Any], commit: Any, source: Source
+) -> Callable[[Provenance], tuple[Vendored, dict[str, list[str]]]]:
+    """Read every other file now (the clone is open); render once the provenance is known."""
+    if _is_one_function(manifest):
+        return lambda p: (render_vendored(source.text, p.symbol, p), {})
+    pieces = _pieces(manifest, source)
+    sources = {source.path: source.text}
+    for piece in pieces:
+        if piece.path not in sources:
+            sources[piece.path] = read_other(commit, piece.path)
+    return lambda p: render_pieces(sources, pieces, p)
 
 
 def sync(
@@ -138,35 +167,56 @@ def sync(
     sha = None if sha is None else sha.lower()
     _tidy(vendor, dry_run)
     backport = load_backport(vendor, backport_id)
-    manifest = {**backport.manifest, "symbol": _one_symbol(backport)}
+    manifest = backport.manifest
     url = repo_location(repo_arg if repo_arg is not None else manifest["repo"])
     with cache_clone(url) as repo:
         fetch(repo, url, sha, pr)
         commit = resolve_commit(repo, sha, url, pr)
         if pr is not None and not repo.is_ancestor(commit.hexsha, f"refs/pull/{pr}/head"):
             print(f"note: {commit.hexsha[:12]} is not on refs/pull/{pr}/head")
-        source = read_source(commit, manifest)
-    if source.note:
-        print(f"note: {source.note}")
+        source = read_source(commit, {**manifest, "symbol": _first_owner(manifest)})
+        if source.note:
+            print(f"note: {source.note}")
+        vendor_text = _vendor_at(manifest, commit, source)
     provenance = Provenance(
         repo=manifest["repo"],
         pr=manifest["pr"],
         sha=commit.hexsha,
         path=source.path,
-        symbol=manifest["symbol"],
+        symbol=", ".join(symbols(manifest)),
         target_module=_module_name(manifest["path"]),
         # Not once the move is done: the source is then read from the new place.
         moved_path=None
         if source.path == manifest.get("moved_path")
         else manifest.get("moved_path"),
     )
-    vendored = render_vendored(source.text, manifest["symbol"], provenance)
+    vendored, decorators = vendor_text(provenance)
     print(f"reads from the target module: {', '.join(vendored.reads) or 'nothing'}")
-    synced_repo = None if url == repo_location(manifest["repo"]) else url
-    data = _new_manifest(backport, commit, source, vendored, synced_repo)
+    for symbol, texts in decorators.items():
+        print(f"recorded the decorators of {symbol}: {', '.join('@' + d for d in texts)}")
+    _refuse_without_fix(backport, commit.hexsha, vendored.text, force)
+    data = _new_manifest(backport, commit, source, vendored)
+    data.pop("decorators", None)
+    if decorators:
+        data["decorators"] = decorators
     code = _write_pair(backport, vendored.text, data, dry_run, dated=True)
     _say_kept_local_changes(backport.id)
     return code
+
+
+def _refuse_without_fix(backport: Backport, sha: str, text: str, force: bool) -> None:
+    """Refuse (exit 1, nothing written) code whose sniff does not show the fix."""
+    sniffed = sniff_candidate(backport.id, text, backport.file.name)
+    if sniffed.fixed is None:
+        print(f"note: {backport.id}: {sniffed.summary}")
+        return
+    if sniffed.fixed:
+        print(f"{backport.id}: the sniff shows the fix at {sha}: {sniffed.summary}")
+        return
+    said = f"{backport.shown()} at {sha} would not carry the fix; the sniff saw: {sniffed.summary}"
+    if not force:
+        raise Refused(f"{said}; nothing written (--force writes it anyway)")
+    print(f"warning: {said}; writing it anyway (--force): the probe will say incompatible")
 
 
 def rehash(vendor: Path, backport_id: str, dry_run: bool) -> int:

@@ -15,6 +15,7 @@ import builtins
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from ..upstream_schema import unsafe_text
 from .errors import RewriteError, SourceError, SyncError
 
 __all__ = [
@@ -394,6 +395,19 @@ class Provenance:
     # Where upstream plans to move the module (UPSTREAM.toml's ``moved_path``), or None.
     moved_path: str | None = None
 
+    def __post_init__(self) -> None:
+        # Each value lands in a comment, a docstring or a string literal of generated code:
+        # one that could end it early is refused, never written (it came from a manifest
+        # or a flag, not from this tool).
+        fields = {"repo": self.repo, "pr": str(self.pr), "sha": self.sha, "path": self.path}
+        fields.update(symbol=self.symbol, moved_path=self.moved_path or "x")
+        for name, value in fields.items():
+            why = unsafe_text(value)
+            if why is not None:
+                raise RewriteError(f"{name} {value!r} holds {why}: refusing to write it into code")
+        if not all(part.isidentifier() for part in self.target_module.split(".")):
+            raise RewriteError(f"target module {self.target_module!r} is not a dotted Python name")
+
 
 def render_vendored(source: str, symbol: str, provenance: Provenance) -> Vendored:
     """Vendor ``symbol`` from the upstream module ``source``; raises a ``SyncError``."""
@@ -465,6 +479,7 @@ def _module_text(
     body = (
         "\n\n# The module whose globals the function reads. The applier rebinds it to the module\n"
         f"# that really defines the function{move}.\n"
+        # A dotted Python name (checked by Provenance): safe between double quotes.
         f'__target_module__ = "{p.target_module}"\n\n'
         "# Module globals of the target that the function reads at call time.\n"
         f"__reads__ = (\n{reads_text})\n\n\n"

@@ -10,7 +10,7 @@ from typing import Any
 from .errors import SourceError
 from .rewrite import defines
 
-__all__ = ["Source", "read_source"]
+__all__ = ["Source", "read_other", "read_source"]
 
 
 @dataclass(frozen=True)
@@ -59,3 +59,11 @@ def read_source(commit: Any, manifest: dict[str, Any]) -> Source:
     if moved is None:
         raise SourceError(f"{path} does not exist at {short}")
     raise SourceError(f"neither {path} nor {moved} exists at {short}")
+
+
+def read_other(commit: Any, path: str) -> str:
+    """Another file a backport vendors from (``symbol_paths``), at the same commit."""
+    text = _blob_text(commit, path)
+    if text is None:
+        raise SourceError(f"{path} does not exist at {commit.hexsha[:12]}")
+    return text
