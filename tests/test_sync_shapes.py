@@ -209,3 +209,49 @@ def test_several_symbols_from_several_files_with_their_module_state() -> None:
     exec(compile(text, "<vendored>", "exec"), namespace)  # imports and defines cleanly
     assert callable(namespace["checkpointed_forward"])
     assert callable(namespace["_get_index_share_carrier"])
+
+
+DSA = "megatron/core/transformer/experimental_attention_variant/dsa.py"
+DSA_MODULE = """\
+from megatron.core.transformer.module import MegatronModule
+
+
+def _carrier_of(config):
+    return config
+
+
+class DSAttention(MegatronModule):
+    def _get_index_share_carrier(self, packed_seq_params, attention_mask):
+        if packed_seq_params is not None:
+            return packed_seq_params
+        return _carrier_of(self.config)
+"""
+
+
+def test_6793_syncs_two_files_and_its_module_state(tmp_path: Path, vendor: Path) -> None:
+    """Both targets, each from its own file, and the carried ContextVar and scope. This
+    fixture's code is not #6793's fix, so the sniff refuses it; --force shows the shape."""
+    repo = git.Repo.init(tmp_path / "Megatron-LM")
+    files = {"megatron/core/recompute.py": SCOPE_MODULE, DSA: DSA_MODULE}
+    sha = commit_files(repo, files, "index share carrier", None)
+    folder = vendor / "megatron_lm_6793"
+    manifest = folder / "UPSTREAM.toml"
+    manifest.write_text(
+        manifest.read_text().replace(
+            "[symbol_paths]", 'carry = ["_CARRIER", "carrier_scope"]\n\n[symbol_paths]'
+        )
+    )
+    kept = snapshot(folder)
+    args = ("--backport", "megatron-lm-6793", "--sha", sha, "--repo", str(tmp_path / "Megatron-LM"))
+    code, _, err = run(*args, "--vendor-dir", str(vendor))
+    assert code == 1 and "refused" in err and snapshot(folder) == kept
+    code, _, err = run(*args, "--vendor-dir", str(vendor), "--force")
+    assert code == 0, err
+    text = (folder / "index_share.py").read_text()
+    assert '_CARRIER = ContextVar("carrier", default=None)' in text
+    assert "_live_target().tensor_parallel.checkpoint" in text
+    assert f'_live_module("{DSA.removesuffix(".py").replace("/", ".")}")._carrier_of' in text
+    assert "\ndef _get_index_share_carrier(self, packed_seq_params" in text
+    data = tomllib.loads(manifest.read_text())
+    assert data["synced_sha"] == sha and data["carry"] == ["_CARRIER", "carrier_scope"]
+    assert run("--check", "--vendor-dir", str(vendor))[0] == 0

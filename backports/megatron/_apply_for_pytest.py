@@ -11,6 +11,7 @@ import os
 from typing import Any
 
 _outcomes: dict[str, str] = {}
+_skips: dict[str, str] = {}  # node id -> why it was skipped (a CUDA-only test on CPU, ...)
 
 
 def pytest_configure(config: Any) -> None:
@@ -29,6 +30,8 @@ def pytest_runtest_logreport(report: Any) -> None:
             outcome = str(report.outcome)
         if _outcomes.get(report.nodeid) in (None, "passed"):
             _outcomes[report.nodeid] = outcome
+        if report.skipped and isinstance(report.longrepr, tuple):
+            _skips[report.nodeid] = str(report.longrepr[-1]).removeprefix("Skipped: ")
 
 
 def pytest_collectreport(report: Any) -> None:
@@ -40,4 +43,4 @@ def pytest_unconfigure(config: Any) -> None:
     path = os.environ.get("BACKPORTS_UPSTREAM_TESTS_REPORT")
     if path:
         with open(path, "w", encoding="utf-8") as handle:
-            json.dump(_outcomes, handle)
+            json.dump({"outcomes": _outcomes, "skips": _skips}, handle)

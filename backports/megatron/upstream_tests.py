@@ -90,12 +90,14 @@ def _check_out(commit: Any, paths: list[str], folder: Path) -> None:
         target.write_bytes((commit.tree / path).data_stream.read())
 
 
-def _outcomes(report: Path) -> dict[str, str]:
-    """node id -> outcome, as the child's plugin wrote them."""
+def _outcomes(report: Path, run: str, notes: list[str]) -> dict[str, str]:
+    """node id -> outcome, as the child's plugin wrote them; a note per skip reason."""
     if not report.is_file():
         return {}
     data = json.loads(report.read_text(encoding="utf-8"))
-    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+    for reason in dict.fromkeys(data.get("skips", {}).values()):
+        notes.append(f"{run}: skipped: {reason}")
+    return {str(k): str(v) for k, v in data.get("outcomes", {}).items()}
 
 
 def _run(
@@ -107,10 +109,10 @@ def _run(
     env = {**env, "PYTHONPATH": os.pathsep.join([str(folder), env.get("PYTHONPATH", "")])}
     env["BACKPORTS_UPSTREAM_TESTS_REPORT"] = str(report)
     done = subprocess.run(command, cwd=folder, env=env, check=False, capture_output=True, text=True)
-    outcomes = _outcomes(report)
+    run = "with the backport" if plugin else "stock"
+    outcomes = _outcomes(report, run, notes)
     if not outcomes:  # pytest stopped before any test: say why, in its own last line
         lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-        run = "with the backport" if plugin else "stock"
         notes.append(
             f"{run}: pytest ran no test (exit {done.returncode}): {lines[-1] if lines else ''}"
         )
@@ -146,8 +148,10 @@ def run_upstream_tests(
 
 def verdict(rows: list[Row]) -> tuple[int, str]:
     """(exit status, the one-line summary)."""
-    broken = [row.test for row in rows if row.backport != "passed"]
+    broken = [row.test for row in rows if row.backport not in ("passed", "skipped")]
     caught = [row.test for row in rows if row.stock in _FAILED]
+    if all(row.backport == "skipped" for row in rows):
+        return 1, "every upstream test was skipped here: they prove nothing (see the notes)"
     if broken:
         return 1, f"{len(broken)} upstream test(s) do not pass with the backport"
     if not caught:
