@@ -31,7 +31,14 @@ from .private_globals import with_globals
 from .targets import ResolvedTarget, resolve_target
 from .vendored import replacement_functions
 
-__all__ = ["folder_name", "sniff_replacement"]
+__all__ = ["UPSTREAM_ONLY", "WITH_LOCAL_CHANGES", "folder_name", "mode_name", "sniff_replacement"]
+
+UPSTREAM_ONLY = "upstream-only"  # the two modes an installed backport runs in
+WITH_LOCAL_CHANGES = "local-changes"
+
+
+def mode_name(upstream_only: bool) -> str:
+    return UPSTREAM_ONLY if upstream_only else WITH_LOCAL_CHANGES
 
 
 def folder_name(spec: BackportSpec) -> str:
