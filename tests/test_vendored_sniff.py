@@ -141,24 +141,56 @@ def test_local_changes_hide_a_7617_replacement_without_the_fix() -> None:
     assert composed.fixed
 
 
-def test_an_exception_is_not_shown_fixed_and_a_stub_is_unfinished() -> None:
+def test_a_stub_is_unfinished_without_running_the_sniff(monkeypatch) -> None:
+    """The template ``backports new`` leaves: caught even by a sniff that swallows errors."""
     stub = ModuleType("stub")
 
     def fused_sparse_mla_absorbed(query, key, topk_indices, softmax_scale, v_channels):  # type: ignore[no-untyped-def]
+        """Write the fixed function here."""
         raise NotImplementedError("write the fixed function here")
 
     stub.fused_sparse_mla_absorbed = fused_sparse_mla_absorbed  # type: ignore[attr-defined]
+    spec = dataclasses.replace(MEGATRON_LM_7617, sniff=lambda targets: pytest.fail("ran"))
     for upstream_only in (True, False):
-        result = sniff_replacement(MEGATRON_LM_7617, stub, upstream_only=upstream_only)
-        assert not result.fixed
-        assert result.detail == {
-            "raised": "NotImplementedError: write the fixed function here",
-            "unfinished": True,
-        }
-        assert "NotImplementedError: write the fixed function here" in result.summary
+        result = sniff_replacement(spec, stub, upstream_only=upstream_only)
+        assert not result.fixed and result.detail["unfinished"] is True
+        assert result.summary == (
+            "test_a_stub_is_unfinished_without_running_the_sniff.<locals>."
+            "fused_sparse_mla_absorbed is a stub: its body only raises NotImplementedError"
+        )
+
+
+def test_an_exception_is_not_shown_fixed() -> None:
+    module = ModuleType("raising")
+
+    def fused_sparse_mla_absorbed(query, key, topk_indices, softmax_scale, v_channels):  # type: ignore[no-untyped-def]
+        if query.size(-1) == 512:
+            raise NotImplementedError("NoPE not written yet")
+        raise ValueError("nor anything else\nsecond line")
+
+    module.fused_sparse_mla_absorbed = fused_sparse_mla_absorbed  # type: ignore[attr-defined]
+    result = sniff_replacement(MEGATRON_LM_7617, module, upstream_only=True)
+    assert not result.fixed
+    # The aligned control call comes first: its ValueError is what the sniff meets.
+    assert result.summary == "the sniff raised ValueError: nor anything else"
+    assert result.detail == {"raised": "ValueError: nor anything else", "unfinished": False}
     missing = sniff_replacement(MEGATRON_LM_7617, ModuleType("empty"), upstream_only=True)
     assert not missing.fixed and missing.detail["unfinished"] is False
     assert "AttributeError" in missing.summary
+
+
+def test_a_not_implemented_error_from_the_sniff_is_unfinished() -> None:
+    module = vendored_module(MEGATRON_LM_7617.vendored)
+
+    def unwritten(targets):  # type: ignore[no-untyped-def]
+        raise NotImplementedError("say which observation means the fix is present")
+
+    spec = dataclasses.replace(MEGATRON_LM_7617, sniff=unwritten)
+    result = sniff_replacement(spec, module, upstream_only=True)
+    assert not result.fixed and result.detail["unfinished"] is True
+    assert result.summary == (
+        "the sniff raised NotImplementedError: say which observation means the fix is present"
+    )
 
 
 # ---- the probe: status, check, apply --------------------------------------------------------

@@ -4,7 +4,8 @@ A patch rots quietly: its fix lands upstream and the copy lives on, or a pin bum
 the target and the patch stops applying while CI stays green. ``judge`` turns each report
 into pass or fail so that ``backports check`` can make that a red CI run:
 
-- ``incompatible``: fails (the target is not what the vendored code was written for);
+- ``incompatible``: fails (the target is not what the vendored code was written for, or
+  the vendored code does not show the fix; "unfinished" for a scaffold's stub);
 - ``upstream``: fails (the fix landed: delete the backport);
 - ``absent``: passes only where the distribution predates the target (nothing to carry
   there); a target missing from a version that should have it, or a distribution that is
@@ -56,6 +57,8 @@ def judge(spec: BackportSpec | None, probed: Report, applied: Report | None) -> 
     disabled by ``MEGATRON_BACKPORTS_SKIP_PLUGINS``).
     """
     verdict = probed.verdict
+    if verdict is Verdict.INCOMPATIBLE and probed.evidence.get("unfinished"):
+        return Judgement(False, f"unfinished, write it: {probed.reason}")
     if verdict is Verdict.INCOMPATIBLE:
         return Judgement(False, f"does not fit, update or delete it: {probed.reason}")
     if verdict is Verdict.UPSTREAM:

@@ -243,7 +243,12 @@ def _probe_target(spec: BackportSpec, evidence: dict[str, Any], upstream_only: b
         distribution=spec.target.distribution,
         package=evidence["distribution"]["package"],
     )
-    sniff = spec.sniff(targets)  # never writes the live modules or classes
+    try:
+        sniff = spec.sniff(targets)  # never writes the live modules or classes
+    except NotImplementedError as exc:  # a scaffold's skeleton: not a probe failure
+        evidence["unfinished"] = True
+        reason = f"the entry is unfinished: its sniff raised NotImplementedError: {exc}"
+        return ProbeResult(Verdict.INCOMPATIBLE, reason, evidence, targets)
     evidence["behaviour"] = {"fixed": sniff.fixed, **sniff.detail}
     notes = _cross_checks(spec, sniff.fixed, evidence)
     suffix = f" (disagrees: {'; '.join(notes)})" if notes else ""
@@ -299,10 +304,8 @@ def _vendored_unproven(
         mode: _shown(result) for mode, result in shown.items() if result is not None
     }
     if alone.detail.get("unfinished"):
-        return (
-            f"{folder} is unfinished: its replacement raised {alone.detail['raised']} "
-            "(a scaffold's stub?): write the fixed function there"
-        )
+        evidence["unfinished"] = True
+        return f"{folder} is unfinished: {alone.summary}"
     if not alone.fixed:
         hidden = (
             " (with the local changes it passes: they hide it)"
