@@ -24,6 +24,7 @@ import pytest
 
 from backports.megatron import Action, Verdict, apply, catalog, cli, patcher, status
 from backports.megatron.catalog import CATALOG, MEGATRON_LM_7617, BackportSpec
+from backports.megatron.local_changes import LocalChange
 from backports.megatron.targets import resolve_target
 from backports.megatron.vendored import python_files_digest, vendored_module
 from backports.megatron.vendored_sniff import sniff_replacement
@@ -257,3 +258,30 @@ def test_the_real_vendored_code_still_installs(vendor: Vendor) -> None:
     assert (report.verdict, report.action) == (Verdict.NEEDED, Action.INSTALLED)
     shown = report.evidence["vendored_behaviour"]
     assert shown["local-changes"]["fixed"] and shown["upstream-only"]["fixed"]
+
+
+@pytest.mark.usefixtures("tilelang_dsa")
+def test_local_changes_that_lose_the_fix_refuse_the_default_mode_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A local change that declines every call: the default mode would install a no-op."""
+
+    def declining(inner):  # type: ignore[no-untyped-def]
+        def fused_sparse_mla_absorbed(query, key, topk_indices, softmax_scale, v_channels):  # type: ignore[no-untyped-def]
+            return None
+
+        return fused_sparse_mla_absorbed
+
+    change = LocalChange("declines", "declines every call", declining)
+    spec = dataclasses.replace(MEGATRON_LM_7617, local_changes=(change,))
+    monkeypatch.setattr(catalog, "CATALOG", (spec,))
+    monkeypatch.delenv("MEGATRON_BACKPORTS_UPSTREAM_ONLY", raising=False)
+    (report,) = status(spec.id)
+    assert report.verdict is Verdict.INCOMPATIBLE
+    assert report.reason.startswith(
+        "vendor/megatron_lm_7617 with the local changes does not show the fix: "
+    )
+    monkeypatch.setenv("MEGATRON_BACKPORTS_UPSTREAM_ONLY", "1")
+    (report,) = status(spec.id)
+    assert report.verdict is Verdict.NEEDED
+    assert list(report.evidence["vendored_behaviour"]) == ["upstream-only"]

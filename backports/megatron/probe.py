@@ -269,7 +269,9 @@ def _shown(result: SniffResult) -> dict[str, Any]:
     """What the sniff on the vendored replacement showed, for the evidence (and the cache)."""
     shown: dict[str, Any] = {"fixed": result.fixed, "summary": result.summary}
     shown.update(
-        (key, result.detail[key]) for key in ("raised", "unfinished") if key in result.detail
+        (key, result.detail[key])
+        for key in ("raised", "stub", "unfinished")
+        if key in result.detail
     )
     return shown
 
@@ -291,8 +293,9 @@ def _vendored_unproven(
     try:
         module = vendored_module(spec.vendored)
     except Exception as exc:
-        evidence["vendored_behaviour"] = {"import_error": f"{type(exc).__name__}: {exc}"}
-        return f"{folder} cannot be imported: {type(exc).__name__}: {exc}"
+        error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        evidence["vendored_behaviour"] = {"import_error": error}
+        return f"{folder} cannot be imported: {error}"
     alone = sniff_replacement(spec, module, upstream_only=True, targets=targets)
     composed: SniffResult | None = None  # the default mode's, when it is in force
     if not upstream_only:
