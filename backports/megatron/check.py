@@ -50,6 +50,14 @@ def _absent(spec: BackportSpec | None, probed: Report) -> Judgement:
     return Judgement(False, "the target is missing where it should exist: the patch does nothing")
 
 
+def _vendored_unfixed(probed: Report) -> bool:
+    """Whether the sniff on the vendored replacement (probe) did not show the fix."""
+    shown = probed.evidence.get("vendored_behaviour")
+    return isinstance(shown, dict) and any(
+        isinstance(mode, dict) and mode.get("fixed") is False for mode in shown.values()
+    )
+
+
 def judge(spec: BackportSpec | None, probed: Report, applied: Report | None) -> Judgement:
     """Pass or fail for one backport: ``probed`` from ``status``, ``applied`` from ``apply``.
 
@@ -59,6 +67,8 @@ def judge(spec: BackportSpec | None, probed: Report, applied: Report | None) -> 
     verdict = probed.verdict
     if verdict is Verdict.INCOMPATIBLE and probed.evidence.get("unfinished"):
         return Judgement(False, f"unfinished, write it: {probed.reason}")
+    if verdict is Verdict.INCOMPATIBLE and _vendored_unfixed(probed):
+        return Judgement(False, f"would install code without the fix: {probed.reason}")
     if verdict is Verdict.INCOMPATIBLE:
         return Judgement(False, f"does not fit, update or delete it: {probed.reason}")
     if verdict is Verdict.UPSTREAM:
