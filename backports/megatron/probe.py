@@ -8,8 +8,8 @@ from typing import Any
 from packaging.version import Version
 
 from . import switches
-from .catalog import BackportSpec, SniffResult, Target
 from .git_ancestry import commit_ancestry
+from .model import BackportSpec, SniffResult, Target
 from .report import Verdict
 from .targets import ResolvedTarget, TargetMissing, resolve_target
 from .vendored import Integrity, check_integrity, read_upstream, vendored_module

@@ -10,9 +10,9 @@ from importlib.resources.abc import Traversable
 from types import ModuleType
 from typing import Any
 
-from .catalog import BackportSpec, VendoredRef
 from .errors import BackportError
 from .local_changes import wrap_all
+from .model import BackportSpec, VendoredRef
 from .upstream_schema import manifest_problems
 
 __all__ = [

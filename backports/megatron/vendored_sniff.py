@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from .catalog import BackportSpec, SniffResult
 from .local_changes import wrap_all
+from .model import BackportSpec, SniffResult
 from .private_globals import with_globals
 from .targets import ResolvedTarget, resolve_target
 from .vendored import replacement_functions
