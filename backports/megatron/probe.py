@@ -2,19 +2,19 @@
 
 import inspect
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from packaging.version import Version
 
-from . import import_guards
+from . import import_guards, switches
 from .git_ancestry import commit_ancestry
-from .model import BackportSpec, Target
+from .model import BackportSpec, SniffResult, Target
 from .report import Verdict
 from .targets import ResolvedTarget, TargetMissing, resolve_target
-from .vendored import Integrity, check_integrity, read_upstream
+from .vendored import Integrity, check_integrity, read_upstream, vendored_module
+from .vendored_sniff import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, folder_name, sniff_replacement
 from .versions import describe, installed_version
 
 __all__ = ["ProbeResult", "probe", "probe_without_import"]
@@ -164,16 +164,24 @@ def _cross_checks(spec: BackportSpec, fixed: bool, evidence: dict[str, Any]) -> 
     return notes
 
 
-def probe(spec: BackportSpec) -> ProbeResult:
-    """Full probe: imports the target module and runs the behaviour sniff. Never raises."""
+def probe(spec: BackportSpec, upstream_only: bool | None = None) -> ProbeResult:
+    """Full probe: imports the target module and runs the behaviour sniff, on the installed
+    function and, where it lacks the fix, on the vendored replacement. Never raises.
+
+    ``upstream_only``: the mode the replacement would be installed in (default:
+    ``MEGATRON_BACKPORTS_UPSTREAM_ONLY``); the vendored code is sniffed in that mode and
+    alone.
+    """
     early = probe_without_import(spec)
     if early.final:
         return early
     evidence = early.evidence
+    if upstream_only is None:
+        upstream_only = switches.upstream_only()
     try:
         if spec.guard is not None:
             return _probe_guard(spec, evidence)
-        return _probe_target(spec, evidence)
+        return _probe_target(spec, evidence, upstream_only)
     except Exception as exc:
         return ProbeResult(
             Verdict.INCOMPATIBLE, f"probe failed: {type(exc).__name__}: {exc}", evidence
@@ -216,7 +224,7 @@ def _refusal(
     return None
 
 
-def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
+def _probe_target(spec: BackportSpec, evidence: dict[str, Any], upstream_only: bool) -> ProbeResult:
     targets = _resolve_all(spec)
     if isinstance(targets, str):
         return ProbeResult(Verdict.ABSENT, targets, evidence)
@@ -226,13 +234,48 @@ def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
     refusal = _refusal(spec, targets, evidence["upstream"]["reads"])
     if refusal is not None:
         return ProbeResult(Verdict.INCOMPATIBLE, refusal, evidence, targets)
-    return _judge(spec, targets, targets, evidence)
+    evidence["git"] = _git_evidence(spec, evidence)
+    try:
+        sniff = spec.sniff(targets)  # never writes the live modules or classes
+    except NotImplementedError as exc:  # a scaffold's skeleton: not a probe failure
+        evidence["unfinished"] = True
+        reason = f"the entry is unfinished: its sniff raised NotImplementedError: {exc}"
+        return ProbeResult(Verdict.INCOMPATIBLE, reason, evidence, targets)
+    evidence["behaviour"] = {"fixed": sniff.fixed, **sniff.detail}
+    notes = _cross_checks(spec, sniff.fixed, evidence)
+    suffix = f" (disagrees: {'; '.join(notes)})" if notes else ""
+    version = describe(spec.target.distribution, evidence["distribution"])
+    if sniff.fixed:
+        reason = (
+            f"{version} already has the fix: {sniff.summary}{suffix}. {spec.delete_when_landed}"
+        )
+        return ProbeResult(Verdict.UPSTREAM, reason, evidence, targets)
+    unproven = _vendored_unproven(spec, targets, upstream_only, evidence)
+    if unproven is not None:
+        return ProbeResult(Verdict.INCOMPATIBLE, unproven, evidence, targets)
+    reason = f"{version} lacks the fix: {sniff.summary}{suffix}"
+    return ProbeResult(Verdict.NEEDED, reason, evidence, targets)
+
+
+def _git_evidence(spec: BackportSpec, evidence: dict[str, Any]) -> dict[str, Any]:
+    upstream = evidence["upstream"]
+    package_dir = evidence["distribution"]["package_dir"]
+    return commit_ancestry(
+        None if package_dir is None else Path(package_dir),
+        {
+            role: sha
+            for role, sha in (("merge", upstream["merge_sha"]), ("head", upstream["head_sha"]))
+            if sha  # an open pull request has no merge commit; a handwritten one may lack a head
+        },
+        distribution=spec.target.distribution,
+        package=evidence["distribution"]["package"],
+    )
 
 
 def _probe_guard(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
-    """An import guard's module is judged under the guard in force in megatron as it stands
-    (none), in a child process: it is never executed here, where it must wait for the guard.
-    """
+    """An import guard: its module is judged under the guard in force in megatron as it
+    stands (none), then under the vendored guard, each in a child process (the module is
+    never executed here, where it must wait for the guard). No local changes: one mode."""
     guard = spec.guard
     assert guard is not None
     module_name = guard.modules[0]
@@ -245,32 +288,8 @@ def _probe_guard(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
         "executed": module_name in sys.modules,
     }
     evidence["targets"] = [evidence["target"]]
-    sniffed = import_guards.GuardTarget(
-        module_name, import_guards.no_guard, installation.guard if installation else None
-    )
-    return _judge(spec, (), (sniffed,), evidence)
-
-
-def _judge(
-    spec: BackportSpec,
-    targets: tuple[ResolvedTarget, ...],
-    sniffed: Sequence[Any],
-    evidence: dict[str, Any],
-) -> ProbeResult:
-    """Git evidence, the sniff on ``sniffed`` and the verdict; ``targets`` ride along."""
-    upstream = evidence["upstream"]
-    package_dir = evidence["distribution"]["package_dir"]
-    evidence["git"] = commit_ancestry(
-        None if package_dir is None else Path(package_dir),
-        {
-            role: sha
-            for role, sha in (("merge", upstream["merge_sha"]), ("head", upstream["head_sha"]))
-            if sha  # an open pull request has no merge commit; a handwritten one may lack a head
-        },
-        distribution=spec.target.distribution,
-        package=evidence["distribution"]["package"],
-    )
-    sniff = spec.sniff(sniffed)  # never writes the live modules or classes
+    evidence["git"] = _git_evidence(spec, evidence)
+    sniff = spec.sniff([import_guards.GuardTarget(module_name, import_guards.no_guard)])
     evidence["behaviour"] = {"fixed": sniff.fixed, **sniff.detail}
     notes = _cross_checks(spec, sniff.fixed, evidence)
     suffix = f" (disagrees: {'; '.join(notes)})" if notes else ""
@@ -279,6 +298,72 @@ def _judge(
         reason = (
             f"{version} already has the fix: {sniff.summary}{suffix}. {spec.delete_when_landed}"
         )
-        return ProbeResult(Verdict.UPSTREAM, reason, evidence, targets)
-    reason = f"{version} lacks the fix: {sniff.summary}{suffix}"
-    return ProbeResult(Verdict.NEEDED, reason, evidence, targets)
+        return ProbeResult(Verdict.UPSTREAM, reason, evidence)
+    folder = folder_name(spec)
+    try:
+        vendored_guard = getattr(vendored_module(spec.vendored), guard.replacement_name)
+        alone = spec.sniff([import_guards.GuardTarget(module_name, vendored_guard)])
+    except Exception as exc:
+        first_line = (str(exc).splitlines() or [""])[0]
+        alone = SniffResult(False, f"the sniff raised {type(exc).__name__}: {first_line}")
+    evidence["vendored_behaviour"] = {UPSTREAM_ONLY: _shown(alone)}
+    if not alone.fixed:
+        reason = f"{folder} lacks the fix: {alone.summary}"
+        return ProbeResult(Verdict.INCOMPATIBLE, reason, evidence)
+    return ProbeResult(Verdict.NEEDED, f"{version} lacks the fix: {sniff.summary}{suffix}", evidence)
+
+
+def _shown(result: SniffResult) -> dict[str, Any]:
+    """What the sniff on the vendored replacement showed, for the evidence (and the cache)."""
+    shown: dict[str, Any] = {"fixed": result.fixed, "summary": result.summary}
+    shown.update(
+        (key, result.detail[key])
+        for key in ("raised", "stub", "unfinished")
+        if key in result.detail
+    )
+    return shown
+
+
+def _vendored_unproven(
+    spec: BackportSpec,
+    targets: tuple[ResolvedTarget, ...],
+    upstream_only: bool,
+    evidence: dict[str, Any],
+) -> str | None:
+    """Why the replacement the applier would install is not shown to carry the fix, or None.
+
+    Sniffed in the mode in force and upstream-only alone: #7617's local changes pre-pad
+    width-512 inputs, so composed with them a vendored function without the fix would pass.
+    Recorded per mode in ``evidence["vendored_behaviour"]`` (a cached ``needed`` verdict
+    must carry it: see verdict_cache).
+    """
+    folder = folder_name(spec)
+    try:
+        module = vendored_module(spec.vendored)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        evidence["vendored_behaviour"] = {"import_error": error}
+        return f"{folder} cannot be imported: {error}"
+    alone = sniff_replacement(spec, module, upstream_only=True, targets=targets)
+    composed: SniffResult | None = None  # the default mode's, when it is in force
+    if not upstream_only:
+        composed = alone  # no local changes: the same function
+        if spec.local_changes:
+            composed = sniff_replacement(spec, module, upstream_only=False, targets=targets)
+    shown = {WITH_LOCAL_CHANGES: composed, UPSTREAM_ONLY: alone}
+    evidence["vendored_behaviour"] = {
+        mode: _shown(result) for mode, result in shown.items() if result is not None
+    }
+    if alone.detail.get("unfinished"):
+        evidence["unfinished"] = True
+        return f"{folder} is unfinished: {alone.summary}"
+    if not alone.fixed:
+        hidden = (
+            " (with the local changes it passes: they hide it)"
+            if composed is not None and composed.fixed
+            else ""
+        )
+        return f"{folder} lacks the fix, upstream-only: {alone.summary}{hidden}"
+    if composed is not None and not composed.fixed:
+        return f"{folder} with the local changes does not show the fix: {composed.summary}"
+    return None
