@@ -326,7 +326,7 @@ def _install_guard(spec: BackportSpec, early: ProbeResult, upstream_only: bool) 
     assert guard is not None
     evidence = {**early.evidence, **mode_evidence(spec, upstream_only)}
     try:
-        factory = load_replacement(spec.vendored, None, guard.replacement_name)
+        factory = getattr(vendored_module(spec.vendored), guard.replacement_name)
         import_guards.install(spec.id, guard.modules[0], factory, _mode(upstream_only))
     except Exception as exc:
         reason = f"install failed: {type(exc).__name__}: {exc}"

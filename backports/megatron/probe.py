@@ -289,7 +289,8 @@ def _probe_guard(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
     }
     evidence["targets"] = [evidence["target"]]
     evidence["git"] = _git_evidence(spec, evidence)
-    sniff = spec.sniff([import_guards.GuardTarget(module_name, import_guards.no_guard)])
+    stock: list[Any] = [import_guards.GuardTarget(module_name, import_guards.no_guard)]
+    sniff = spec.sniff(stock)  # a GuardTarget stands where a ResolvedTarget would
     evidence["behaviour"] = {"fixed": sniff.fixed, **sniff.detail}
     notes = _cross_checks(spec, sniff.fixed, evidence)
     suffix = f" (disagrees: {'; '.join(notes)})" if notes else ""
@@ -301,16 +302,19 @@ def _probe_guard(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
         return ProbeResult(Verdict.UPSTREAM, reason, evidence)
     folder = folder_name(spec)
     try:
-        vendored_guard = getattr(vendored_module(spec.vendored), guard.replacement_name)
-        alone = spec.sniff([import_guards.GuardTarget(module_name, vendored_guard)])
-    except Exception as exc:
+        alone = sniff_replacement(spec, vendored_module(spec.vendored), upstream_only=True)
+    except Exception as exc:  # the vendored module cannot be imported
         first_line = (str(exc).splitlines() or [""])[0]
-        alone = SniffResult(False, f"the sniff raised {type(exc).__name__}: {first_line}")
+        alone = SniffResult(
+            False, f"{folder} cannot be imported: {type(exc).__name__}: {first_line}"
+        )
     evidence["vendored_behaviour"] = {UPSTREAM_ONLY: _shown(alone)}
     if not alone.fixed:
         reason = f"{folder} lacks the fix: {alone.summary}"
         return ProbeResult(Verdict.INCOMPATIBLE, reason, evidence)
-    return ProbeResult(Verdict.NEEDED, f"{version} lacks the fix: {sniff.summary}{suffix}", evidence)
+    return ProbeResult(
+        Verdict.NEEDED, f"{version} lacks the fix: {sniff.summary}{suffix}", evidence
+    )
 
 
 def _shown(result: SniffResult) -> dict[str, Any]:

@@ -66,6 +66,17 @@ def sniff_replacement(
     sniff raised ``NotImplementedError``.
     """
     try:
+        if spec.guard is not None:
+            # An import guard: the module imported under the vendored guard (no local
+            # changes, one mode); a GuardTarget stands where a ResolvedTarget would.
+            from .import_guards import GuardTarget
+
+            guard = getattr(vendored_module, spec.guard.replacement_name)
+            guarded: list[Any] = [GuardTarget(spec.guard.modules[0], guard)]
+            result = spec.sniff(guarded)
+            if not isinstance(result, SniffResult):
+                raise TypeError(f"the sniff returned {type(result).__name__}, not a SniffResult")
+            return result
         resolved = tuple(targets) if targets is not None else _resolve(spec)
         functions = replacement_functions(
             spec, vendored_module, resolved[0].module_name, upstream_only=True
