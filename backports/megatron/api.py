@@ -11,7 +11,7 @@ from dataclasses import replace
 from types import ModuleType
 
 from . import once_per_job, patcher, post_import, switches, verdict_cache
-from .catalog import BackportSpec, entries, select, select_withheld, source
+from .catalog import BackportSpec, entries, select, select_withheld, source, withheld
 from .errors import BackportError, BackportWarning
 from .local_changes import wrap_all
 from .one_look import one_look
@@ -312,6 +312,11 @@ def _selection(only: str | Iterable[str] | None) -> tuple[str, ...] | None:
     return (only,) if isinstance(only, str) else tuple(only)
 
 
+def _warn_unknown_skips() -> None:
+    known = [spec.id for spec in entries()] + [w.id for w in withheld()]
+    switches.warn_unknown_skips(known)
+
+
 def _withheld(only: tuple[str, ...] | None, action: Action) -> list[Report]:
     """One report per plugin (or id) the catalog withheld: it never reaches the probe."""
     return [
@@ -339,6 +344,7 @@ def apply(
     """
     upstream_only = upstream_only_requested(upstream_only)
     ids = _selection(only)
+    _warn_unknown_skips()
     with patcher.lock(), one_look():
         specs = select(ids)
         early = [_apply_early(spec, strict, upstream_only) for spec in specs]
@@ -361,6 +367,7 @@ def apply(
 def status(only: str | Iterable[str] | None = None) -> list[Report]:
     """Probe each backport and say what ``apply`` would do; changes nothing."""
     ids = _selection(only)
+    _warn_unknown_skips()
     with one_look():
         reports = [_status_one(spec) for spec in select(ids)]
     return _sourced(reports) + _withheld(ids, Action.WOULD_SKIP)

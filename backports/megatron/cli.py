@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import activation, import_notices, switches
+from . import activation, import_notices, json_output, switches, table
 from .api import applied, apply, revert, status
 from .audit import audit, candidate_dir, outcome
 from .catalog import entries, select, source
@@ -33,6 +33,7 @@ from .report import Action, Report, Verdict
 __all__ = ["main"]
 
 _OK, _CHECK_FAILED, _CANNOT_RUN = 0, 1, 2
+_FORMATS = ("table", "json", "json-object")
 _DISTRIBUTION = "megatron-backports"
 
 
@@ -63,15 +64,18 @@ _STATUS_COLUMNS = (_ID, _UPSTREAM, _CORE, _VERDICT, _ACTION, _SOURCE, _REASON)
 _AUDIT_COLUMNS = (_ID, _UPSTREAM, ("candidate", _core_version), _VERDICT, _OUTCOME, _REASON)
 
 
-def _table(reports: list[Report], columns: Sequence[Column]) -> str:
-    """Aligned columns; the last one (the reason) runs on unpadded."""
+# Left out first on a narrow terminal: what the id already says (upstream), what every row
+# shares (megatron-core, candidate), where the entry comes from (source).
+_OPTIONAL = ("source", "upstream", "megatron-core", "candidate")
+
+
+def _table(reports: list[Report], columns: Sequence[Column], layout: table.Layout) -> str:
+    """Aligned columns, fitted to ``layout``; the last one (the reason) runs on unpadded."""
     rows = [[title for title, _ in columns]]
     rows += [[cell(r) for _, cell in columns] for r in reports]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(columns) - 1)]
-    return "\n".join(
-        "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]])
-        for row in rows
-    )
+    titles = [title for title, _ in columns]
+    optional = [titles.index(title) for title in _OPTIONAL if title in titles]
+    return table.render(rows, layout, optional)
 
 
 def _emit(
@@ -80,22 +84,35 @@ def _emit(
     notes: list[str],
     columns: Sequence[Column] = _STATUS_COLUMNS,
     json_extra: Sequence[Column] = (),
+    summary: dict[str, Any] | None = None,
 ) -> None:
-    """Reports as JSON on stdout (notes on stderr), or a table and the notes on stdout.
+    """Reports as JSON or a table on stdout; warnings on stderr whatever the format.
 
     ``json_extra``: table columns that are no ``Report`` field, added to each JSON object.
+    The table's other notes (the hook, the summary) follow it on stdout; with JSON, stdout
+    holds the JSON alone and they go to stderr.
     """
-    notes = [*args.warning_notes, *notes]
-    if args.json:
-        data = [{**r.to_dict(), **{title: cell(r) for title, cell in json_extra}} for r in reports]
-        json.dump(data, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+    warned = [*args.warning_notes, *(n for n in notes if n.startswith("warning:"))]
+    notes = [n for n in notes if not n.startswith("warning:")]
+    for note in warned:
+        print(note, file=sys.stderr)
+    if args.format == "table":
+        print(_table(reports, columns, table.layout_for(sys.stdout, full=args.verbose)))
         for note in notes:
-            print(note, file=sys.stderr)
+            print(note)
         return
-    print(_table(reports, columns))
+    data = [{**r.to_dict(), **{title: cell(r) for title, cell in json_extra}} for r in reports]
+    if args.format == "json-object":
+        json.dump(
+            json_output.document(args.command, data, summary, notes, warned),
+            sys.stdout,
+            indent=2,
+        )
+    else:
+        json.dump(data, sys.stdout, indent=2)
+    sys.stdout.write("\n")
     for note in notes:
-        print(note)
+        print(note, file=sys.stderr)
 
 
 # ---- the hook file, as the commands report it ------------------------------------------------
@@ -151,11 +168,26 @@ def _site_warning(site_dir: Path) -> list[str]:
     ]
 
 
+def _hook_installs_when(report: Report) -> str:
+    """Which import installs ``report``'s backport in a new process (not ``import megatron``:
+    the trigger patches when the module that defines each target is imported)."""
+    targets = report.evidence.get("targets") or [report.evidence.get("target") or {}]
+    modules = list(dict.fromkeys(str(t["module"]) for t in targets if t.get("module")))
+    if not modules:
+        return "the start-up hook installs it in each new process"
+    if len(modules) == 1:
+        return f"the start-up hook installs it in each new process that imports {modules[0]}"
+    return (
+        "the start-up hook installs it in each new process once it has imported "
+        f"{', '.join(modules[:-1])} and {modules[-1]}"
+    )
+
+
 def _with_hook(report: Report, hook: _Hook) -> Report:
     """``report`` with the hook's state in its evidence, and in its action where it applies."""
     evidence = {**report.evidence, "hook": hook.evidence(report.id)}
     if report.action is Action.WOULD_INSTALL and hook.applies(report.id):
-        reason = f"{report.reason}; the start-up hook installs it in each new process"
+        reason = f"{report.reason}; {_hook_installs_when(report)}"
         return replace(report, action=Action.ACTIVE_VIA_HOOK, reason=reason, evidence=evidence)
     return replace(report, evidence=evidence)
 
@@ -312,9 +344,13 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 def _cmd_check(args: argparse.Namespace) -> int:
     only = _only(args)
     probed = status(only)  # imports the targets, so the apply below installs now
+    # The same action words as `status`: a backport the environment's hook installs says so.
+    hook = _Hook.read(activation.default_site_dir())
+    probed = [_with_hook(report, hook) for report in probed]
+    probing_warnings = len(args.warning_notes)  # a bad switch value, an unknown skipped id
     with applied(only) as done:  # and reverts on exit: check changes nothing
         installed = {r.id: r for r in done}
-    args.warning_notes.clear()  # apply's warnings repeat what the "why" column says
+    del args.warning_notes[probing_warnings:]  # apply's repeat what the "why" column says
     specs = {spec.id: spec for spec in entries()}  # a withheld plugin has none
     verdicts = {r.id: judge(specs.get(r.id), r, installed.get(r.id)) for r in probed}
 
@@ -331,7 +367,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
         else f"check: all {len(probed)} backports ok"
     )
     columns = (_ID, _VERDICT, ("check", check_cell), ("why", why_cell))
-    _emit(args, probed, [summary], columns, json_extra=(("check", _check_json(verdicts)),))
+    totals = {"ok": not failed, "failed": failed}
+    extra = (("check", _check_json(verdicts)),)
+    _emit(args, probed, [summary], columns, json_extra=extra, summary=totals)
     return _CHECK_FAILED if failed else _OK
 
 
@@ -416,7 +454,20 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, help_text: str, run: Callable[[argparse.Namespace], int]) -> Any:
         sub = commands.add_parser(name, help=help_text, description=help_text)
         sub.set_defaults(run=run)
-        sub.add_argument("--json", action="store_true", help="print the reports as JSON")
+        formats = sub.add_mutually_exclusive_group()
+        formats.add_argument(
+            "--json",
+            dest="format",
+            action="store_const",
+            const="json",
+            help="print the reports as a JSON list (the same as --format json)",
+        )
+        formats.add_argument(
+            "--format",
+            choices=_FORMATS,
+            help="table (default: fitted to a terminal), json (a list of reports), or "
+            "json-object (schema_version, summary, reports, notes, warnings)",
+        )
         # SUPPRESS: `backports -v status` must not be reset by the subcommand's default.
         sub.add_argument(
             "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help
@@ -485,7 +536,7 @@ def _new_parser(commands: Any) -> None:
         epilog=_NEW_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub.set_defaults(run=_cmd_new, json=False)
+    sub.set_defaults(run=_cmd_new, format="table")
     sub.add_argument("--id", required=True, help="backport id, e.g. megatron-lm-9999")
     sub.add_argument("--pr", required=True, type=int, help="upstream pull-request number")
     sub.add_argument("--repo", required=True, metavar="URL", help="upstream repository")
@@ -524,6 +575,8 @@ def _warnings_as_notes(notes: list[str]) -> Iterator[None]:
 
 def _run(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
+    args.format = args.format or "table"
+    args.json = args.format != "table"  # machine-readable: stdout holds the JSON alone
     args.warning_notes = []
     # This process decides explicitly; the environment's hook must not apply on its own.
     activation.deactivate()
