@@ -407,7 +407,7 @@ def bench_pieces(x: Inputs, reps: int) -> dict[str, Any]:
 
 def compile_check(function: Callable[..., Any], seq: int = 512) -> dict[str, Any]:
     """TileLang kernels compiled by the first forward+backward at batch 1, then 2, 3, 4."""
-    from tests.gpu.prewarm import CompileCounter
+    from backports.megatron.testing.prewarm import CompileCounter
 
     counter = CompileCounter().attach()
     result: dict[str, Any] = {"seq": seq, "batches": {}}
@@ -665,7 +665,7 @@ def main() -> None:
 
     from megatron.core.transformer.experimental_attention_variant import dsa
 
-    from tests.gpu.prewarm import prewarm
+    from backports.megatron.testing.prewarm import prewarm
 
     tilelang_dsa = importlib.import_module(TILELANG_DSA)
     installed = installed_variants(tilelang_dsa)
