@@ -107,12 +107,34 @@ def watched_packages(only: tuple[str, ...] | None = None) -> tuple[str, ...]:
 
 def _hook_line(packages: tuple[str, ...], config: dict[str, Any]) -> str:
     # `site` execs a .pth line only if it starts with "import", and prints a traceback
-    # for one that raises: the file check keeps the line silent once we are uninstalled.
+    # for one that raises: the checks keep the line silent once we are uninstalled.
     package = str(Path(__file__).with_name("__init__.py"))
     return (
-        f"import os; os.path.isfile({package!r}) and "
+        f"import os; os.path.isfile({package!r}) and {_still_installed()}"
         f"__import__('backports.megatron', fromlist=['_start_up'])._start_up({packages!r}, "
         f"{config!r})\n"
+    )
+
+
+def _still_installed() -> str:
+    """For an editable install, the hook line's check that the distribution is still there.
+
+    ``pip uninstall`` of a wheel removes the package's files, so the ``__init__.py`` check
+    is enough. An editable install's files stay in the checkout while pip removes its
+    metadata and the finder that made the package importable: the import would then fail
+    with a traceback at every interpreter start. So, for one, the line also looks for our
+    ``.dist-info`` in the site dir that held it (any version: an upgrade keeps the hook).
+    """
+    try:
+        distribution = importlib.metadata.distribution("megatron-backports")
+    except importlib.metadata.PackageNotFoundError:
+        return ""  # run from a source tree: nothing else to check
+    site_dir = Path(str(distribution.locate_file(""))).resolve()
+    if Path(__file__).resolve().is_relative_to(site_dir):
+        return ""  # installed into the site dir: uninstalling removes __init__.py
+    return (
+        f"any(n.startswith('megatron_backports-') and n.endswith('.dist-info') "
+        f"for n in os.listdir({str(site_dir)!r})) and "
     )
 
 
