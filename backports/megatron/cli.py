@@ -378,7 +378,7 @@ def _cmd_new(args: argparse.Namespace) -> int:
 
     target = scaffold.read_target(args.target)
     plan = scaffold.Scaffold(
-        args.id, args.pr, args.repo, Path(args.dest), target, args.sha, args.package
+        args.id, args.pr, args.repo, Path(args.dest), target, args.sha, args.package, args.since
     )
     written = scaffold.create(plan)
     print(f"wrote {plan.distribution} in {plan.dest}:")
@@ -527,6 +527,15 @@ example:
 must not exist. See docs/adding-a-backport.md."""
 
 
+def _release(text: str) -> str:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return str(Version(text))
+    except InvalidVersion:
+        raise argparse.ArgumentTypeError(f"not a version: {text!r}") from None
+
+
 def _new_parser(commands: Any) -> None:
     help_text = "scaffold a plugin distribution that carries one upstream fix"
     sub = commands.add_parser(
@@ -544,6 +553,13 @@ def _new_parser(commands: Any) -> None:
     sub.add_argument("--dest", required=True, metavar="DIR", help="where to write (new folder)")
     sub.add_argument("--sha", help="the pull request's head commit (else set it later)")
     sub.add_argument("--package", help="import name (default: <id>_backport)")
+    sub.add_argument(
+        "--since",
+        metavar="VERSION",
+        type=_release,
+        help="the first release of the distribution that has the target (default: none "
+        "written, the probe and the sniff decide; never the installed version)",
+    )
 
 
 # ---- main ----------------------------------------------------------------------------------
