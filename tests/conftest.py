@@ -77,3 +77,27 @@ def ids_installed_by_importing(module: str) -> list[str]:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300
     )
     return sorted(done.stdout.split())
+
+
+# ---- what the default selection leaves out (tools/run-tests without --all) -------------------
+
+_DESELECTED_SLOW: list[pytest.Item] = []
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    _DESELECTED_SLOW.extend(item for item in items if item.get_closest_marker("slow"))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    """Name the slow tests a ``-m "not slow"`` run left out, file by file: what was not run
+    is said, not hidden in a count."""
+    if not _DESELECTED_SLOW:
+        return
+    by_file: dict[str, list[str]] = {}
+    for item in _DESELECTED_SLOW:
+        path, _, name = item.nodeid.partition("::")
+        by_file.setdefault(path, []).append(name)
+    write = terminalreporter.write_line
+    write(f"not run: {len(_DESELECTED_SLOW)} slow tests (tools/run-tests --all runs them):")
+    for path, names in by_file.items():
+        write(f"  {path} ({len(names)}): {', '.join(names)}")
