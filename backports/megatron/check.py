@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from .catalog import BackportSpec
+from .model import BackportSpec
 from .report import Action, Report, Verdict
 
 __all__ = ["Judgement", "judge"]

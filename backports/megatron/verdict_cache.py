@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from . import switches
-from .catalog import BackportSpec, Target
+from .model import BackportSpec, Target
 from .one_look import remembered
 from .targets import find_loaded_target
 from .versions import installed_distribution
