@@ -59,8 +59,12 @@ def test_a_site_install_s_hook_line_checks_its_files_alone(monkeypatch):
 
 def test_the_line_stays_silent_where_the_package_cannot_be_imported(monkeypatch, tmp_path):
     """An interpreter that cannot import our package (the editable finder gone) runs the
-    hook file: no output. The control, the line without the metadata check, raises."""
+    hook file: no output, although another ``backports.*`` distribution (backports.tarfile,
+    which twine pulls in) makes ``backports`` findable. The control: with the metadata
+    there, the import is tried and fails loudly."""
     metadata = tmp_path / "megatron_backports-9.9.dist-info"
+    (tmp_path / "backports").mkdir()
+    (tmp_path / "backports" / "tarfile.py").write_text("")
     monkeypatch.setattr(importlib.metadata, "distribution", lambda name: _Distribution(tmp_path))
     (tmp_path / activation.HOOK_FILE).write_text(_hook_line() + "\n")
     # -I -S: no site-packages, so no finder that could import backports.megatron.
