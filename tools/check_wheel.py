@@ -9,8 +9,8 @@ pass CI and break every user who installs it. This script (``tools/check-wheel``
    ``twine check --strict`` on both;
 2. makes a fresh venv and installs the wheel into it with ``--no-deps``. torch and
    megatron-core come from the running venv through a ``.pth`` line naming a folder of
-   links to its site-packages entries, ours left out: nothing of the checkout, and no
-   second megatron-backports, can stand in for the install;
+   links to its site-packages entries, ours and any plugin's left out: nothing of the
+   checkout, and no second megatron-backports, can stand in for the install;
 3. checks the install, run from a folder outside the checkout: the package comes from the
    venv, every tracked file of ``backports/megatron/`` and ``vendor/`` is in it,
    ``--version`` is pyproject.toml's version, each vendored folder matches its
@@ -25,6 +25,7 @@ Usage: ``python tools/check_wheel.py [--keep]`` from the project's venv (it need
 """
 
 import argparse
+import importlib.metadata
 import json
 import os
 import shutil
@@ -82,6 +83,16 @@ def _ours(name: str) -> bool:
     )
 
 
+def _plugins() -> set[str]:
+    """The site-packages entries of distributions that register catalog entries (a plugin
+    of this venv's, e.g. one `backports new` scaffolded): the wheel is tested alone."""
+    names: set[str] = set()
+    for entry_point in importlib.metadata.entry_points(group="megatron_backports"):
+        if entry_point.dist is not None:
+            names.update(Path(str(f)).parts[0] for f in entry_point.dist.files or ())
+    return names
+
+
 def fresh_venv(work: Path, wheel: Path) -> tuple[Path, Path]:
     """(its python, its site-packages): the wheel installed, dependencies linked."""
     _step("a fresh venv: the wheel installed --no-deps, torch and megatron-core linked in")
@@ -95,8 +106,9 @@ def fresh_venv(work: Path, wheel: Path) -> tuple[Path, Path]:
     deps = work / "deps"
     deps.mkdir()
     ours = Path(sysconfig.get_paths()["purelib"])
+    plugins = _plugins()
     for entry in ours.iterdir():
-        if not _ours(entry.name):
+        if not _ours(entry.name) and entry.name not in plugins:
             (deps / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
     (site / "_linked_dependencies.pth").write_text(f"{deps}\n")
     pip: list[str | Path] = [
