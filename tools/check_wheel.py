@@ -14,9 +14,9 @@ pass CI and break every user who installs it. This script (``tools/check-wheel``
 3. checks the install, run from a folder outside the checkout: the package comes from the
    venv, every tracked file of ``backports/megatron/`` and ``vendor/`` is in it,
    ``--version`` is pyproject.toml's version, each vendored folder matches its
-   ``UPSTREAM.toml`` (``tools/sync_upstream.py --check --vendor-dir`` on the installed
-   folder), ``status`` and ``check`` pass, ``backports new`` writes its templates, and
-   ``backports apply`` makes a new interpreter that imports megatron get every backport;
+   ``UPSTREAM.toml`` (the installed ``backports sync --check --vendor-dir``), ``status`` and
+   ``check`` pass, ``backports new`` writes its templates, and ``backports apply`` makes a
+   new interpreter that imports megatron get every backport;
 4. runs the CLI's process tests (``tests/test_cli_process.py``, copied out of the checkout)
    with the venv's interpreter.
 
@@ -162,8 +162,8 @@ def check_vendored(python: Path, site: Path, work: Path) -> None:
     in_checkout = sorted(p.parent.name for p in (ROOT / "vendor").glob("*/UPSTREAM.toml"))
     if folders != in_checkout:
         raise CheckFailed(f"vendored folders installed {folders}, in the checkout {in_checkout}")
-    sync = ROOT / "tools" / "sync_upstream.py"
-    done = _run([python, sync, "--check", "--vendor-dir", vendor], cwd=work)
+    sync: list[str | Path] = [python, "-m", "backports.megatron", "sync"]  # installed
+    done = _run([*sync, "--check", "--vendor-dir", vendor], cwd=work)
     print(f"   {', '.join(folders)}: {done.stdout.strip().splitlines()[-1]}")
 
 
