@@ -239,9 +239,10 @@ def write_hook(
     """Write (or refresh) the hook file; returns its state and whether the file changed."""
     path = site_dir / HOOK_FILE
     text = hook_text(only, strict)
+    written = HookState(path, True, _parse(text))
     try:
         if same_hook(path.read_text(encoding="utf-8"), text):
-            return read_hook(site_dir), False
+            return written, False
     except FileNotFoundError:
         pass
     # Atomic: an interpreter starting meanwhile sees the old file or the new, never half.
@@ -254,7 +255,7 @@ def write_hook(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return read_hook(site_dir), True
+    return written, True
 
 
 def remove_hook(site_dir: Path) -> tuple[HookState, bool]:
