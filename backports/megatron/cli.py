@@ -4,7 +4,9 @@ Exit codes: 0 done; 1 a check failed (``--strict`` with an incompatible backport
 ``audit --fail-on-landed`` with a landed one, ``check`` with a backport that is
 incompatible, landed upstream, or not installed where it should be); 2 the command
 could not run (bad arguments, an unknown backport id, a hook folder that does not exist or cannot be
-written, a candidate that is not megatron-core or cannot be probed).
+written, a candidate that is not megatron-core or cannot be probed). A reader of stdout that
+hangs up early (`backports check | head -1`) changes none of them: output is dropped, the
+command runs to its own exit status.
 
 The command prints its own words: other packages' known import notices are hidden
 (``-v`` shows them), and a ``BackportWarning`` becomes a ``warning:`` line among the notes.
@@ -467,6 +469,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     only(sub)
     _new_parser(commands)
+    _sync_parser(commands)
+    _upstream_tests_parser(commands)
     return parser
 
 
@@ -500,6 +504,40 @@ def _new_parser(commands: Any) -> None:
     sub.add_argument("--package", help="import name (default: <id>_backport)")
 
 
+def _cmd_upstream_tests(args: argparse.Namespace) -> int:
+    from . import upstream_tests  # git and a child pytest: only this command needs them
+
+    notes: list[str] = []
+    rows = upstream_tests.run_upstream_tests(args.id, Path(args.repo), args.sha, notes)
+    table = [("test", "stock / backport")]
+    print(_two_columns(table + [(row.test, f"{row.stock} / {row.backport}") for row in rows]))
+    for note in notes:
+        print(f"note: {note}")
+    code, summary = upstream_tests.verdict(rows)
+    print(f"{args.id}: {summary}")
+    return code
+
+
+def _upstream_tests_parser(commands: Any) -> None:
+    help_text = "run upstream's own tests of a fix, stock and with the backport"
+    sub = commands.add_parser("upstream-tests", help=help_text, description=help_text)
+    sub.set_defaults(run=_cmd_upstream_tests, json=False)
+    sub.add_argument("id", metavar="ID", help="backport id, e.g. megatron-lm-6114")
+    sub.add_argument("--repo", required=True, metavar="PATH", help="a Megatron-LM git clone")
+    sub.add_argument("--sha", help="take the tests from this commit (default: the recorded)")
+
+
+def _sync_parser(commands: Any) -> None:
+    from .sync import cli as sync_cli  # light: git and tomlkit load only when a sync runs
+
+    help_text = "refresh vendor/<id>/ from an upstream commit, or check it for drift"
+    sub = commands.add_parser(
+        "sync", help=help_text, description=sync_cli.DESCRIPTION, epilog=sync_cli.EPILOG
+    )
+    sync_cli.add_arguments(sub)
+    sub.set_defaults(run=lambda args: sync_cli.run(sub, args), json=False)
+
+
 # ---- main ----------------------------------------------------------------------------------
 
 
@@ -527,6 +565,63 @@ def _warnings_as_notes(notes: list[str]) -> Iterator[None]:
         yield
 
 
+class _ReaderGoneProof:
+    """stdout for one command: once the reader hangs up (EPIPE), what is written is dropped.
+
+    `backports check | true` or `check --json | head -1`: the reader has what it wanted, and
+    the command runs on to its own exit status; a BrokenPipeError raised from a print in
+    the middle of the command would otherwise decide it. The stream's file descriptor is
+    pointed at /dev/null, so the interpreter's last flush at exit has nowhere to fail.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.reader_gone = False
+
+    def write(self, text: str) -> int:
+        if not self.reader_gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._hang_up()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.reader_gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._hang_up()
+
+    def _hang_up(self) -> None:
+        self.reader_gone = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):  # no file descriptor (a test's capture): nothing to do
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def _stdout_outliving_its_reader() -> Iterator[None]:
+    stream = sys.stdout
+    if stream is None:  # no stdout at all (pythonw): print() writes nothing already
+        yield
+        return
+    sys.stdout = _ReaderGoneProof(stream)
+    try:
+        yield
+    finally:
+        try:
+            sys.stdout.flush()  # here, while a closed pipe is still dropped
+        finally:
+            sys.stdout = stream
+
+
 def _run(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     args.warning_notes = []
@@ -536,19 +631,14 @@ def _run(argv: Sequence[str] | None) -> int:
     with quiet, _warnings_as_notes(args.warning_notes):
         try:
             code = int(args.run(args))
-            sys.stdout.flush()  # here, so that a closed pipe is seen by main()
+            sys.stdout.flush()  # a full disk is the command's error (a gone reader is not)
             return code
-        except BrokenPipeError:
-            raise
         except (BackportError, OSError) as exc:
             print(f"backports: {exc}", file=sys.stderr)
             return _CANNOT_RUN
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
+    """The command's exit status: its own, whether or not the reader of stdout hung up."""
+    with _stdout_outliving_its_reader():
         return _run(argv)
-    except BrokenPipeError:
-        # `backports status | head -1`: the reader has what it wanted; not an error. (The
-        # failed flush dropped the buffer, so the interpreter's last flush has nothing left.)
-        return _OK
