@@ -38,8 +38,8 @@ def test_the_contract_fails_an_entry_that_breaks_it(tilelang_dsa, monkeypatch):
     with pytest.raises(AssertionError, match="says needed"):
         contract.sniff_says_fixed_on_the_vendored_code(never_fixed)
     # A vendored module that holds 0.19.2's predicate, not #7091's fix.
-    monkeypatch.setattr(
-        contract, "load_replacement", lambda ref, module, name: getattr(tilelang_dsa, name)
-    )
-    with pytest.raises(AssertionError, match="megatron-lm-7091: the sniff says needed"):
-        contract.sniff_says_fixed_on_the_vendored_code(MEGATRON_LM_7091)
+    stock = type(tilelang_dsa)("stock_predicate")
+    stock._can_use_fused_sparse_indexer_target = tilelang_dsa._can_use_fused_sparse_indexer_target
+    monkeypatch.setattr(contract, "vendored_module", lambda ref: stock)
+    with pytest.raises(AssertionError, match="megatron-lm-7091: upstream-only, the sniff"):
+        contract.sniff_says_fixed_on_the_vendored_code_upstream_only(MEGATRON_LM_7091)

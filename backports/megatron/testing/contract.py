@@ -24,7 +24,6 @@ import sys
 import textwrap
 import warnings
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from .. import api
@@ -32,7 +31,8 @@ from ..errors import BackportError, BackportWarning
 from ..model import BackportSpec, ResolvedTarget
 from ..report import Action, Report
 from ..targets import resolve_target
-from ..vendored import check_integrity, load_replacement, read_upstream
+from ..vendored import check_integrity, read_upstream, vendored_module
+from ..vendored_sniff import sniff_replacement
 
 __all__ = [
     "CONTRACT",
@@ -40,6 +40,7 @@ __all__ = [
     "apply_then_revert_restores_the_very_objects_upstream_only",
     "reload_is_patched_again",
     "sniff_says_fixed_on_the_vendored_code",
+    "sniff_says_fixed_on_the_vendored_code_upstream_only",
     "sniff_says_needed_on_the_installed_code",
     "status_lists_it_once",
     "strict_refuses_a_target_unlike_any_version",
@@ -65,19 +66,6 @@ def _one_report(reports: list[Report], spec: BackportSpec) -> Report:
     return mine[0]
 
 
-def _vendored_targets(spec: BackportSpec) -> list[ResolvedTarget]:
-    """The resolved targets with the vendored replacements in place of the originals, as
-    ``apply(upstream_only=True)`` builds them: the vendored module reads the first target's
-    module."""
-    resolved = _resolved(spec)
-    swapped = []
-    for index, (target, live) in enumerate(zip(spec.targets, resolved, strict=True)):
-        module = live.module_name if index == 0 else None
-        function = load_replacement(spec.vendored, module, target.replacement_name)
-        swapped.append(replace(live, original=function, installed=None, decorated=False))
-    return swapped
-
-
 def sniff_says_needed_on_the_installed_code(spec: BackportSpec) -> None:
     """On the megatron-core the entry is written for, the sniff sees the bug."""
     result = spec.sniff(_resolved(spec))
@@ -85,11 +73,16 @@ def sniff_says_needed_on_the_installed_code(spec: BackportSpec) -> None:
 
 
 def sniff_says_fixed_on_the_vendored_code(spec: BackportSpec) -> None:
-    """Run on its own vendored replacement (upstream's code, as ``upstream_only`` installs
-    it), the sniff sees the fix. The local changes wrap that code in closures a sniff's
-    private globals do not reach; what they add is tested apart (``local_changes``)."""
-    result = spec.sniff(_vendored_targets(spec))
+    """Run on what the default mode installs (its vendored code with the local changes),
+    the sniff sees the fix (``vendored_sniff.sniff_replacement``, as the probe runs it)."""
+    result = sniff_replacement(spec, vendored_module(spec.vendored), upstream_only=False)
     assert result.fixed is True, f"{spec.id}: the sniff says needed: {result.summary}"
+
+
+def sniff_says_fixed_on_the_vendored_code_upstream_only(spec: BackportSpec) -> None:
+    """Upstream's code alone, without this project's local changes, has the fix too."""
+    result = sniff_replacement(spec, vendored_module(spec.vendored), upstream_only=True)
+    assert result.fixed is True, f"{spec.id}: upstream-only, the sniff says: {result.summary}"
 
 
 def _apply_then_revert(spec: BackportSpec, upstream_only: bool) -> None:
@@ -201,6 +194,7 @@ def reload_is_patched_again(spec: BackportSpec) -> None:
 CONTRACT: tuple[Check, ...] = (
     sniff_says_needed_on_the_installed_code,
     sniff_says_fixed_on_the_vendored_code,
+    sniff_says_fixed_on_the_vendored_code_upstream_only,
     apply_then_revert_restores_the_very_objects,
     apply_then_revert_restores_the_very_objects_upstream_only,
     status_lists_it_once,
