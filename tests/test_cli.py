@@ -391,6 +391,37 @@ def test_python_m_backports_megatron_runs_the_cli():
         assert command in done.stdout
 
 
+def test_apply_probes_each_backport_once_and_reads_the_hook_file_once(
+    capsys, tmp_path, monkeypatch
+):
+    """The table is apply's own reports: no status() before it, and the hook file it
+    wrote is not read back (twice) to describe itself."""
+    from backports.megatron import api
+
+    probed: list[str] = []
+    real_probe = api.probe
+
+    def counting_probe(spec, *args, **kwargs):
+        probed.append(spec.id)
+        return real_probe(spec, *args, **kwargs)
+
+    reads: list[str] = []
+    real_read = Path.read_text
+
+    def counting_read(self, *args, **kwargs):
+        if self.name == activation.HOOK_FILE:
+            reads.append(str(self))
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(api, "probe", counting_probe)
+    monkeypatch.setattr(Path, "read_text", counting_read)
+    code, out, _ = _main(capsys, "apply", "--json", "--site-dir", str(tmp_path))
+    assert code == 0
+    ids = [row["id"] for row in json.loads(out)]
+    assert sorted(probed) == sorted(ids) and len(set(probed)) == len(probed)
+    assert len(reads) <= 1, reads  # a new file: none; an existing one: once, to compare
+
+
 # ---- the exit status never depends on the pipe (issue 27.5) ----------------------------------
 
 # A fresh interpreter whose one backport fails check without importing megatron: #7091 with

@@ -343,4 +343,12 @@ def test_apply_installs_it_and_revert_restores_the_original():
 
 def test_backports_check_passes():
     assert cli.main(["check", "--only", ID]) == 0
+
+
+def test_the_contract_every_entry_passes():
+    """backports.megatron.testing's checks, the ones every builtin passes too."""
+    from backports.megatron.testing import CONTRACT
+
+    for check in CONTRACT:
+        check(SPEC)
 '''

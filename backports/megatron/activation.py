@@ -85,11 +85,16 @@ def fire(config: dict[str, Any]) -> None:
 
 
 def fire_after_import(
-    name: str, path: Sequence[str] | None, target: ModuleType | None, config: dict[str, Any]
+    name: str,
+    path: Sequence[str] | None,
+    target: ModuleType | None,
+    config: dict[str, Any],
+    trigger: object = None,
 ) -> ModuleSpec | None:
     """``name``'s spec, whose loader runs ``fire(config)`` once the package has executed and
     sits in ``sys.modules``: a plugin that imports megatron then finds that very module.
-    None (nothing to watch) when no other finder finds ``name``."""
+    The post-import finder takes the ``trigger``'s place: one finder from here on. None
+    (nothing to watch) when no other finder finds ``name``."""
 
     def after_import(module: ModuleType) -> None:
         post_import.unregister(_FIRST_IMPORT)  # once: a re-import does not apply again
@@ -98,6 +103,7 @@ def fire_after_import(
         except Exception as exc:
             raise _StrictHookFailure(f"the strict start-up hook failed: {exc}") from exc
 
+    post_import.take_place_of(trigger)
     post_import.register(name, _FIRST_IMPORT, after_import)
     spec = post_import.watched_spec(name, path, target)
     if spec is None:
@@ -262,9 +268,10 @@ def write_hook(
     """Write (or refresh) the hook file; returns its state and whether the file changed."""
     path = site_dir / HOOK_FILE
     text = hook_text(only, strict)
+    written = HookState(path, True, _parse(text))
     try:
         if same_hook(path.read_text(encoding="utf-8"), text):
-            return read_hook(site_dir), False
+            return written, False
     except FileNotFoundError:
         pass
     # Atomic: an interpreter starting meanwhile sees the old file or the new, never half.
@@ -277,7 +284,7 @@ def write_hook(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return read_hook(site_dir), True
+    return written, True
 
 
 def remove_hook(site_dir: Path) -> tuple[HookState, bool]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import activation, import_notices, json_output, switches, table
-from .api import applied, apply, revert, status
+from .api import applied, apply, load_targets, revert, status
 from .audit import audit, candidate_dir, outcome
 from .catalog import entries, select, source
 from .check import Judgement, judge
@@ -238,15 +238,18 @@ def _hook_selection(only: tuple[str, ...] | None) -> tuple[bool, tuple[str, ...]
     return bool(kept), kept, f"{switches.SKIP} names {', '.join(left_out)}"
 
 
-def _write_hook(args: argparse.Namespace, site_dir: Path) -> list[str]:
-    """Write the hook as this command's arguments and switches ask; notes on what it did."""
+def _write_hook(args: argparse.Namespace, site_dir: Path) -> tuple[list[str], _Hook]:
+    """Write the hook as this command's arguments and switches ask: notes on what it did,
+    and the hook as it now is (the file is read once)."""
     write, hook_only, why = _hook_selection(_only(args))
     if not write:
+        hook = _Hook.read(site_dir)
         note = f"hook: not written: every backport asked for is off ({why})"
-        earlier = activation.read_hook(site_dir)
-        if earlier.exists:
-            note += f"; {earlier.path} from an earlier apply stays (`backports revert` removes it)"
-        return [note]
+        if hook.state.exists:
+            note += (
+                f"; {hook.state.path} from an earlier apply stays (`backports revert` removes it)"
+            )
+        return [note], hook
     state, changed = activation.write_hook(site_dir, hook_only, args.strict)
     notes = [f"hook: {'wrote' if changed else 'unchanged:'} {state.path}"]
     if why:
@@ -254,7 +257,9 @@ def _write_hook(args: argparse.Namespace, site_dir: Path) -> list[str]:
             f"hook: leaves out what {why}: later processes do not apply it "
             "(to include it, rerun `backports apply` without the variable)"
         )
-    return notes + _site_warning(site_dir)
+    # What write_hook wrote (or found equal) is the current text: no second read.
+    hook = _Hook(state, True, activation.is_site_dir(site_dir))
+    return notes + _site_warning(site_dir), hook
 
 
 def _process_only_notes() -> list[str]:
@@ -270,9 +275,9 @@ def _process_only_notes() -> list[str]:
 def _cmd_apply(args: argparse.Namespace) -> int:
     site_dir = _site_dir(args)  # before any work: a mistyped folder is a usage error
     only = _only(args)
-    # status() imports the target module, so apply() below probes it and installs now
-    # instead of deferring: this output is the truth for this environment.
-    status(only)
+    # Imported first, the targets are probed once and installed now instead of deferred:
+    # this table (apply's own reports) is the truth for this environment.
+    load_targets(only)
     try:
         reports = apply(only, strict=args.strict)
     except BackportError as exc:
@@ -280,8 +285,8 @@ def _cmd_apply(args: argparse.Namespace) -> int:
             raise
         print(f"backports: {exc}; hook not written", file=sys.stderr)
         return _CHECK_FAILED
-    notes = _write_hook(args, site_dir) + _process_only_notes()
-    hook = _Hook.read(site_dir)
+    hook_notes, hook = _write_hook(args, site_dir)
+    notes = hook_notes + _process_only_notes()
     reports = [replace(r, evidence={**r.evidence, "hook": hook.evidence(r.id)}) for r in reports]
     _emit(args, reports, notes)
     return _OK
