@@ -46,6 +46,7 @@ class Scaffold:
     target: TargetInfo
     sha: str | None = None
     package: str | None = None
+    since: str | None = None  # the first release with the target; None: "0", behaviour decides
 
     @property
     def package_name(self) -> str:
