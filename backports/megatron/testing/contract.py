@@ -206,11 +206,31 @@ _RELOAD = textwrap.dedent(
 )
 
 
+# An import guard: the first import and a reload both run inside the guard.
+_RELOAD_GUARD = textwrap.dedent(
+    """
+    import importlib, sys
+    from backports.megatron import activation, api, import_guards
+    from backports.megatron.catalog import by_id
+    activation.deactivate()
+    spec = by_id(sys.argv[1])
+    (report,) = [r for r in api.apply(spec.id) if r.id == spec.id]
+    assert report.action.value == "installed", report
+    module = importlib.import_module(spec.guard.modules[0])
+    importlib.reload(module)
+    runs = import_guards.installed(spec.id).executions
+    assert runs == ["ok", "ok"], runs
+    """
+)
+
+
 def reload_is_patched_again(spec: BackportSpec) -> None:
     """After ``importlib.reload`` of the target's module (in a fresh interpreter), the
-    post-import hook installs it again and ``status`` says so."""
+    post-import hook installs it again and ``status`` says so (an import guard: the reload
+    runs inside the guard, as the first import did)."""
+    script = _RELOAD if spec.guard is None else _RELOAD_GUARD
     done = subprocess.run(
-        [sys.executable, "-c", _RELOAD, spec.id],
+        [sys.executable, "-c", script, spec.id],
         capture_output=True,
         text=True,
         timeout=600,
