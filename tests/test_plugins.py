@@ -301,3 +301,99 @@ def test_the_start_up_hook_watches_plugin_targets(make_plugin: MakePlugin) -> No
     assert activation.target_modules(("acme-lib",)) == ("acme_lib.kernels",)
     assert activation.watched_packages() == ("megatron", "acme_lib")
     assert "acme_lib" in activation.hook_text()
+
+
+# ---- reliability round 3 (issue 24) -----------------------------------------------------------
+
+UPGRADABLE = """
+from backports.megatron.catalog import SniffResult
+
+FIXED = {fixed}
+
+def sniff(targets):
+    return SniffResult(fixed=FIXED, summary=f"acme's sniff says fixed={{FIXED}}")
+
+VALUE = dataclasses.replace(MEGATRON_LM_7617, id="acme-up", sniff=sniff)
+"""
+
+
+def _upgrade(package: str, root: Path, dist: str, old: str, new: str, body: str) -> None:
+    """Install a new version of a plugin in place: new code, new dist-info version."""
+    (root / package / "entry0.py").write_text(CLONES + textwrap.dedent(body))
+    info = root / f"{dist.replace('-', '_')}-{old}.dist-info"
+    metadata = (info / "METADATA").read_text().replace(f"Version: {old}", f"Version: {new}")
+    (info / "METADATA").write_text(metadata)
+    info.rename(root / f"{dist.replace('-', '_')}-{new}.dist-info")
+    for name in [n for n in sys.modules if n.split(".")[0] == package]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+    catalog.reload()
+
+
+@pytest.mark.usefixtures("tilelang_dsa")
+def test_a_plugin_upgrade_is_probed_again_not_served_from_the_cache(
+    make_plugin: MakePlugin, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE", "1")
+    monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE_DIR", str(tmp_path / "cache"))
+    package = make_plugin("acme-up", {"acme-up": UPGRADABLE.format(fixed=False)})
+    (first,) = apply("acme-up")
+    assert first.verdict is Verdict.NEEDED and first.evidence["cache"]["hit"] is False
+    revert("acme-up")
+    (again,) = apply("acme-up")  # the control: the same plugin reuses its verdict
+    assert again.evidence["cache"]["hit"] is True
+    revert("acme-up")
+    _upgrade(package, tmp_path / package, "acme-up", "1.0", "1.1", UPGRADABLE.format(fixed=True))
+    with pytest.warns(BackportWarning, match="fixed=True"):
+        (upgraded,) = apply("acme-up")
+    assert upgraded.verdict is Verdict.UPSTREAM and upgraded.evidence["cache"]["hit"] is False
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "raise SystemExit(2)",  # argparse at module level, given the job's argv
+        "import argparse\nargparse.ArgumentParser().parse_args(['--lr', '3e-4'])",
+        "raise GeneratorExit()",
+    ],
+    ids=["SystemExit", "argparse", "GeneratorExit"],
+)
+@pytest.mark.usefixtures("tilelang_dsa")
+def test_a_plugin_raising_a_base_exception_at_import_is_withheld(
+    make_plugin: MakePlugin, body: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_plugin("acme-exits", {"acme-exits": body})
+    assert ids() == BUILTINS
+    record = withheld()["acme-exits"]
+    assert record.verdict is Verdict.INCOMPATIBLE and "acme-exits 1.0" in record.reason
+    assert "\n" not in record.reason
+    reports = {r.id: r for r in apply(BACKPORT_ID)}
+    assert str(reports[BACKPORT_ID].action) == "installed"
+    assert cli.main(["status"]) == 0
+
+
+@pytest.mark.usefixtures("tilelang_dsa")
+def test_a_plugin_sniff_raising_system_exit_is_incompatible_not_the_end(
+    make_plugin: MakePlugin,
+) -> None:
+    body = """
+    def sniff(targets):
+        raise SystemExit("sniffing exits")
+
+    VALUE = dataclasses.replace(MEGATRON_LM_7617, id="acme-sniff", sniff=sniff)
+    """
+    make_plugin("acme-sniff", {"acme-sniff": body})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reports = {r.id: r for r in apply()}
+    assert reports["acme-sniff"].verdict is Verdict.INCOMPATIBLE
+    assert "SystemExit: sniffing exits" in reports["acme-sniff"].reason
+    assert str(reports[BACKPORT_ID].action) == "installed"
+    (probed,) = status("acme-sniff")
+    assert probed.verdict is Verdict.INCOMPATIBLE
+
+
+def test_keyboard_interrupt_from_a_plugin_is_not_swallowed(make_plugin: MakePlugin) -> None:
+    make_plugin("acme-ctrl-c", {"acme-ctrl-c": "raise KeyboardInterrupt"})
+    with pytest.raises(KeyboardInterrupt):
+        catalog.entries()

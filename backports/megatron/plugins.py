@@ -19,7 +19,7 @@ entry points and judges what they hold.
 import importlib.metadata
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from packaging.utils import canonicalize_name
@@ -51,6 +51,9 @@ class Loaded:
     entries: tuple[BackportSpec, ...]
     sources: Mapping[str, str]  # id -> "builtin" or "<distribution> <version>"
     withheld: tuple[Withheld, ...]
+    # id -> (distribution name, module the entry point names), for each plugin entry: the
+    # verdict cache keys a plugin's verdict on its own code and version.
+    origins: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class _Plugin:
     source: str
     entries: tuple[BackportSpec, ...] = ()
     problem: str | None = None
+    module: str = ""  # the module the entry point names
 
     @property
     def label(self) -> str:
@@ -104,10 +108,18 @@ def _load_one(entry_point: importlib.metadata.EntryPoint) -> _Plugin:
     distribution, source = _source(entry_point)
     try:
         entries, problem = _as_entries(entry_point.load())
-    except Exception as exc:  # a plugin's bug must not break the job that imports megatron
-        problem = f"failed to load {entry_point.value}: {type(exc).__name__}: {exc}"
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        # A plugin's bug must not break (nor end: SystemExit from an argparse at module
+        # level) the job that imports megatron. Only the user's Ctrl-C goes through.
+        problem = f"failed to load {entry_point.value}: {_one_line(exc)}"
         entries = ()
-    return _Plugin(entry_point.name, distribution, source, entries, problem)
+    return _Plugin(entry_point.name, distribution, source, entries, problem, entry_point.module)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 def _skipped(distribution: str, names: frozenset[str]) -> bool:
@@ -153,6 +165,7 @@ def load(builtins: Sequence[BackportSpec], environ: Mapping[str, str] | None = N
         withheld.append(Withheld(backport_id, ", ".join(who), Verdict.INCOMPATIBLE, reason))
     entries = [spec for spec in builtins if spec.id not in clashing]
     sources = {spec.id: BUILTIN for spec in entries}
+    origins: dict[str, tuple[str, str]] = {}
     for plugin in plugins:
         ids = [spec.id for spec in plugin.entries]
         if plugin.problem is not None:
@@ -166,7 +179,9 @@ def load(builtins: Sequence[BackportSpec], environ: Mapping[str, str] | None = N
         else:
             entries.extend(plugin.entries)
             sources.update(dict.fromkeys(ids, plugin.source))
-    return Loaded(tuple(entries), sources, tuple(_unique_ids(withheld, set(sources))))
+            origins.update(dict.fromkeys(ids, (plugin.distribution, plugin.module)))
+    unique = tuple(_unique_ids(withheld, set(sources)))
+    return Loaded(tuple(entries), sources, unique, origins)
 
 
 def _unique_ids(withheld: list[Withheld], taken: set[str]) -> list[Withheld]:

@@ -169,10 +169,13 @@ def probe(spec: BackportSpec) -> ProbeResult:
     evidence = early.evidence
     try:
         return _probe_target(spec, evidence)
-    except Exception as exc:
-        return ProbeResult(
-            Verdict.INCOMPATIBLE, f"probe failed: {type(exc).__name__}: {exc}", evidence
-        )
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        # A sniff (a plugin's, say) that calls sys.exit() must not end the job: only the
+        # user's Ctrl-C goes through.
+        what = " ".join(f"{type(exc).__name__}: {exc}".split())
+        return ProbeResult(Verdict.INCOMPATIBLE, f"probe failed: {what}", evidence)
 
 
 def _resolve_all(spec: BackportSpec) -> tuple[ResolvedTarget, ...] | str:

@@ -8,6 +8,9 @@ only if everything that decided it is unchanged. The key covers:
 - Python (version, bytecode tag) and the torch version the sniff ran on;
 - this package: the size and mtime of each of its files (so its version, the catalog, the
   probe, the sniffs), and the sha256 of every file of the entry's vendored folder;
+- a plugin's entry (not a builtin's): its distribution (name, version, RECORD's sha256) and
+  the sha256 of the module its entry point names and of its sniff's module, so that an
+  upgrade or an edit of the plugin is probed again;
 - the entry: its id, and per target the defining module's file (path and sha256), the
   sha256 of the function's code object as loaded, and the target distribution (version and
   the sha256 of its RECORD, which lists the hash of every installed file).
@@ -39,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from . import switches
-from .catalog import BackportSpec, Target
+from .catalog import BackportSpec, Target, origin
 from .one_look import remembered
 from .targets import find_loaded_target
 from .versions import installed_distribution
@@ -173,6 +176,28 @@ def _target(target: Target, backport_id: str) -> dict[str, Any] | None:
     }
 
 
+def _module_sha256(name: str) -> str | None:
+    source = getattr(sys.modules.get(name), "__file__", None)
+    if not source or not os.path.isfile(source):
+        return None
+    return _sha256_file(Path(source))
+
+
+def _plugin(spec: BackportSpec, where: tuple[str, str]) -> dict[str, Any]:
+    """What of a plugin decides its entry's verdict besides the target: its distribution
+    (an upgrade changes version and RECORD) and its code (an editable install changes
+    neither when a file is edited)."""
+    name, module = where
+    dist, record = installed_distribution(name)
+    modules = sorted({module, getattr(spec.sniff, "__module__", None) or module})
+    return {
+        "name": name,
+        "version": None if dist is None else dist.version,
+        "record_sha256": None if record is None else hashlib.sha256(record.encode()).hexdigest(),
+        "modules": {m: _module_sha256(m) for m in modules},
+    }
+
+
 def fingerprint(spec: BackportSpec) -> dict[str, Any] | None:
     """Everything that decides ``spec``'s verdict here, or None if a target is not loaded."""
     targets = []
@@ -182,7 +207,7 @@ def fingerprint(spec: BackportSpec) -> dict[str, Any] | None:
             return None
         targets.append(keyed)
     torch = sys.modules.get("torch")
-    return {
+    key = {
         "format": FORMAT,
         "python": [sys.version, sys.implementation.cache_tag],
         "torch": getattr(torch, "__version__", None) if torch is not None else None,
@@ -191,6 +216,10 @@ def fingerprint(spec: BackportSpec) -> dict[str, Any] | None:
         "id": spec.id,
         "targets": targets,
     }
+    where = origin(spec.id)
+    if where is not None:  # a builtin's key stays as it was: its code is ours
+        key["plugin"] = _plugin(spec, where)
+    return key
 
 
 def _digest(key: dict[str, Any]) -> str:
