@@ -393,7 +393,71 @@ def test_a_plugin_sniff_raising_system_exit_is_incompatible_not_the_end(
     assert probed.verdict is Verdict.INCOMPATIBLE
 
 
-def test_keyboard_interrupt_from_a_plugin_is_not_swallowed(make_plugin: MakePlugin) -> None:
+def test_keyboard_interrupt_from_a_plugin_is_not_swallowed(
+    make_plugin: MakePlugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
     make_plugin("acme-ctrl-c", {"acme-ctrl-c": "raise KeyboardInterrupt"})
     with pytest.raises(KeyboardInterrupt):
         catalog.entries()
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP_PLUGINS", "acme-ctrl-c")  # for the teardown
+    catalog.reload()
+
+
+def _bad(change: str) -> str:
+    return f"""
+    from packaging.version import Version
+    from backports.megatron.catalog import Target, VendoredRef
+    base = MEGATRON_LM_7617
+    target = base.target
+    VALUE = [clone("acme-good"), dataclasses.replace(base, id="acme-bad", {change})]
+    """
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ("target_since='0.19'", "target_since"),
+        ("fixed_in='0.20'", "fixed_in"),
+        ("targets=(dataclasses.replace(target, modules=()),)", "modules"),
+        ("targets=(dataclasses.replace(target, modules=('',)),)", "modules"),
+        ("targets=(dataclasses.replace(target, modules='megatron.core'),)", "modules"),
+        ("targets=(dataclasses.replace(target, parameters='query, key'),)", "parameters"),
+        ("targets=(dataclasses.replace(target, attribute=''),)", "attribute"),
+        ("targets=(dataclasses.replace(target, distribution=None),)", "distribution"),
+        ("targets=(dataclasses.replace(target, helpers=('SparseMLA', 3)),)", "helpers"),
+        ("targets=(dataclasses.replace(target, decorator='no_colon'),)", "decorator"),
+        ("targets=[target]", "targets"),
+        ("targets=(target, 'x')", "targets"),
+        ("sniff=None", "sniff"),
+        ("vendored='backports.megatron._vendor'", "vendored"),
+        ("vendored=VendoredRef('', 'm', 'a')", "vendored.package"),
+        ("title=None", "title"),
+        ("delete_when_landed=1", "delete_when_landed"),
+        ("local_changes=(object(),)", "local_changes"),
+        ("id=''", "id"),
+        ("id='acme bad'", "id"),
+    ],
+)
+@pytest.mark.usefixtures("tilelang_dsa")
+def test_a_plugin_entry_with_a_bad_field_is_withheld_naming_it(
+    make_plugin: MakePlugin, change: str, field: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_plugin("acme-bad", {"acme-bad": _bad(change)})
+    make_plugin("acme-fine", {"acme-fine": "VALUE = clone('acme-fine')"})
+    assert ids() == [*BUILTINS, "acme-fine"]
+    record = withheld()["acme-bad"]
+    assert record.verdict is Verdict.INCOMPATIBLE
+    assert field in record.reason and "acme-bad 1.0" in record.reason
+    assert "\n" not in record.reason
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reports = {r.id: r for r in apply()}  # explicit apply(): every other backport installs
+    assert {str(reports[i].action) for i in BUILTINS} <= {"installed", "deferred"}
+    assert str(reports[BACKPORT_ID].action) == "installed"
+    assert "acme-fine" in reports  # judged (on 7617's target: refused as a foreign patch)
+    revert()
+    capsys.readouterr()
+    assert cli.main(["status"]) == 0
+    assert cli.main(["check"]) == 1  # the bad plugin fails the gate; nothing raises
+    out = capsys.readouterr().out
+    assert "acme-bad" in out and "Traceback" not in out

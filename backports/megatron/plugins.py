@@ -10,6 +10,10 @@ Each entry point contributes all of its entries or none. One that cannot be impo
 names something that is not an entry (or an iterable holding one), or claims an id that
 another entry claims too, contributes nothing and becomes one ``Withheld`` record: an
 ``incompatible`` report naming the distribution, never an exception out of the loader.
+So does one holding an entry with a field of the wrong type or an empty one
+(``spec_checks``): the reason names the field, and every other backport keeps working.
+Any ``BaseException`` but ``KeyboardInterrupt`` (a ``SystemExit`` from an ``argparse`` at
+module level) is such a failure too.
 ``MEGATRON_BACKPORTS_SKIP_PLUGINS=dist,...`` turns distributions off without importing them.
 
 Loading happens once per process (``catalog.entries()`` caches it); this module only reads
@@ -27,6 +31,7 @@ from packaging.utils import canonicalize_name
 from . import switches
 from .catalog.spec import BackportSpec
 from .report import Verdict
+from .spec_checks import problem
 
 __all__ = ["BUILTIN", "GROUP", "Loaded", "Withheld", "load"]
 
@@ -97,11 +102,20 @@ def _as_entries(value: Any) -> tuple[tuple[BackportSpec, ...], str | None]:
         return (), f"holds something that is not a BackportSpec ({'; '.join(bad)})"
     if not items:
         return (), "names an empty iterable: no catalog entry"
+    for spec in items:
+        malformed = problem(spec)
+        if malformed is not None:
+            return (), f"holds an entry {_label(spec)} whose {malformed}"
     ids = Counter(spec.id for spec in items)
     twice = sorted(i for i, n in ids.items() if n > 1)
     if twice:
         return (), f"holds the id {', '.join(twice)} more than once"
     return tuple(items), None
+
+
+def _label(spec: BackportSpec) -> str:
+    backport_id = getattr(spec, "id", None)
+    return repr(backport_id) if isinstance(backport_id, str) else f"(id {backport_id!r:.40})"
 
 
 def _load_one(entry_point: importlib.metadata.EntryPoint) -> _Plugin:
