@@ -47,6 +47,8 @@ def test_judge(verdict: Verdict, applied_action: Action | None, ok: bool) -> Non
         ("0.18.2", True),  # predates the target (0.19): nothing to carry
         ("0.19.2", False),  # the target should be there: a moved target is a silent no-op
         ("1.0.0rc1", False),
+        ("0.19.0rc0", False),  # a pre-release of the first release with the target has it
+        ("0.18.0rc0", True),
         (None, False),  # not installed: nothing was checked
     ],
 )

@@ -19,6 +19,7 @@ from packaging.version import InvalidVersion, Version
 
 from .catalog import BackportSpec
 from .report import Action, Report, Verdict
+from .versions import release_predates
 
 __all__ = ["Judgement", "judge"]
 
@@ -41,7 +42,7 @@ def _absent(spec: BackportSpec | None, probed: Report) -> Judgement:
     if version is None or spec is None:
         return Judgement(False, f"{name} is not installed: nothing was checked")
     try:
-        predates = Version(str(version)) < spec.target_since
+        predates = release_predates(Version(str(version)), spec.target_since)
     except InvalidVersion:
         predates = False
     if predates:

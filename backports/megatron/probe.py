@@ -12,7 +12,7 @@ from .git_ancestry import commit_ancestry
 from .report import Verdict
 from .targets import ResolvedTarget, TargetMissing, resolve_target
 from .vendored import Integrity, check_integrity, read_upstream
-from .versions import describe, installed_version
+from .versions import describe, installed_version, release_predates
 
 __all__ = ["ProbeResult", "probe", "probe_without_import"]
 
@@ -38,7 +38,11 @@ def _version_claim(spec: BackportSpec, evidence: dict[str, Any]) -> bool | None:
     version = evidence["distribution"]["version"]
     if version is None or spec.fixed_in is None:
         return None
-    return Version(version) >= spec.fixed_in
+    installed = Version(version)
+    same_release = Version(installed.base_version) == Version(spec.fixed_in.base_version)
+    if installed.is_prerelease and same_release:
+        return None  # a pre-release of the fixing release may or may not carry the fix
+    return installed >= spec.fixed_in
 
 
 def probe_without_import(spec: BackportSpec) -> ProbeResult:
@@ -79,7 +83,7 @@ def probe_without_import(spec: BackportSpec) -> ProbeResult:
     missing = [name for name, info in others.items() if info["version"] is None]
     if missing:
         return ProbeResult(Verdict.ABSENT, f"{', '.join(missing)} is not installed", evidence)
-    if installed.version < spec.target_since:
+    if release_predates(installed.version, spec.target_since):
         return ProbeResult(
             Verdict.ABSENT,
             f"{describe(spec.target.distribution, evidence['distribution'])} predates "
