@@ -24,9 +24,15 @@ passing, and cheap verdicts need no cache.
 
 Where: ``MEGATRON_BACKPORTS_CACHE_DIR`` if set, else ``<sys.prefix>/var/cache/
 megatron-backports`` (the venv's own), else, where that cannot be written, the user cache
-dir (``$XDG_CACHE_HOME`` or ``~/.cache``) under a folder per environment.
-``MEGATRON_BACKPORTS_CACHE=0`` turns the cache off (read and write). Files are written
-whole (a temporary file renamed into place), one per backport id.
+dir (``$XDG_CACHE_HOME`` if absolute, as XDG says, or ``~/.cache``) under a folder per
+environment. Reads look in the one folder writes go to (the first that works), never in a
+later one. ``MEGATRON_BACKPORTS_CACHE=0`` turns the cache off (read and write). Files are
+written whole (a temporary file renamed into place), one per backport id.
+
+A verdict decides whether a fix runs, so the cache is trusted as pip and git trust theirs:
+a folder or file owned by another user, or writable by every user, is refused (said once,
+in one line), and only a regular file of at most ``MAX_BYTES`` is read (a FIFO or a link to
+``/dev/zero`` at its path must not hang or exhaust every process that imports megatron).
 """
 
 import hashlib
@@ -35,14 +41,17 @@ import json
 import logging
 import marshal
 import os
+import stat
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import switches
+from . import once_per_job, switches
 from .catalog import BackportSpec, Target, origin
+from .errors import BackportWarning
 from .one_look import remembered
 from .targets import find_loaded_target
 from .versions import installed_distribution
@@ -53,6 +62,7 @@ CACHE = "MEGATRON_BACKPORTS_CACHE"  # off: never read or write the cache
 CACHE_DIR = "MEGATRON_BACKPORTS_CACHE_DIR"  # where the cache lives (default: see above)
 FORMAT = 1  # bump when the file layout or the key's meaning changes
 KEPT = ("needed", "upstream")
+MAX_BYTES = 1 << 20  # an entry is a few kB; anything larger is not one of ours
 
 _LOG = logging.getLogger("backports.megatron")
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -67,7 +77,9 @@ def locations() -> list[Path]:
     override = os.environ.get(CACHE_DIR, "").strip()
     if override:
         return [Path(override)]
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # XDG: a relative path is invalid and is ignored
+        base = str(Path.home() / ".cache")
     per_environment = hashlib.sha256(sys.prefix.encode()).hexdigest()[:16]
     return [
         Path(sys.prefix) / "var" / "cache" / "megatron-backports",
@@ -233,20 +245,100 @@ def _file_name(spec: BackportSpec) -> str:
     return f"{spec.id}.json"
 
 
+def _untrusted(path: Path | str, status: os.stat_result) -> str | None:
+    """Why another user could have written ``path``, or None."""
+    me = os.geteuid()
+    if status.st_uid != me:
+        return f"{path} is owned by uid {status.st_uid}, not by this user (uid {me})"
+    if status.st_mode & stat.S_IWOTH:
+        return f"{path} is writable by every user"
+    return None
+
+
+def _refuse(why: str) -> None:
+    """Say once per job (and log every time) why a cache folder or file is not used."""
+    message = f"megatron-backports: not using the verdict cache: {why}; probing instead"
+    _LOG.debug(message)
+    if once_per_job.claim(f"cache-refused:{why}"):
+        warnings.warn(message, BackportWarning, stacklevel=2)
+
+
+def _creatable(folder: Path) -> bool:
+    """Whether ``folder`` (missing) could be made: its nearest existing parent is writable."""
+    parent = folder.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    return parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
+
+
+def _home() -> Path | None:
+    """The folder the cache is read from: the first location that works, which is where
+    ``store`` writes. A later location is a fallback for writing, never read beside it."""
+    for folder in locations():
+        try:
+            status = os.stat(folder)
+        except FileNotFoundError:
+            if _creatable(folder):
+                return None  # the first write makes it: nothing to read anywhere yet
+            continue
+        except OSError:
+            continue
+        if not stat.S_ISDIR(status.st_mode) or not os.access(folder, os.W_OK | os.X_OK):
+            continue
+        why = _untrusted(folder, status)
+        if why is not None:
+            _refuse(why)
+            continue
+        return folder
+    return None
+
+
+def _read_entry(path: Path) -> object:
+    """The JSON of a cache file, read only if it is a regular file of ours of a bounded size.
+
+    Opened without blocking and without following a link: a FIFO or a device must never
+    stall the import of megatron."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise ValueError("not a regular file")
+        why = _untrusted(path, status)
+        if why is not None:
+            _refuse(why)
+            raise ValueError(why)
+        if status.st_size > MAX_BYTES:
+            raise ValueError(f"{status.st_size} bytes, more than {MAX_BYTES}")
+        chunks, size = [], 0
+        while size <= MAX_BYTES:
+            chunk = os.read(fd, MAX_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_BYTES:
+            raise ValueError(f"more than {MAX_BYTES} bytes")
+    finally:
+        os.close(fd)
+    return json.loads(b"".join(chunks).decode("utf-8"))
+
+
 def load(spec: BackportSpec, key: dict[str, Any]) -> tuple[dict[str, Any], Path] | None:
     """The stored ``verdict``, ``reason`` and ``evidence`` for exactly this key, and the file."""
-    digest = _digest(key)
-    for folder in locations():
-        path = folder / _file_name(spec)
-        try:
-            entry = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            continue
-        except (OSError, ValueError) as exc:  # unreadable or corrupt: as if absent
-            _LOG.debug("ignoring the verdict cache %s: %r", path, exc)
-            continue
-        if _valid(entry) and entry["key"] == digest:
-            return {k: entry[k] for k in ("verdict", "reason", "evidence")}, path
+    folder = _home()
+    if folder is None:
+        return None
+    path = folder / _file_name(spec)
+    try:
+        entry = _read_entry(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # unreadable, corrupt or refused: as if absent
+        _LOG.debug("ignoring the verdict cache %s: %r", path, exc)
+        return None
+    if _valid(entry) and isinstance(entry, dict) and entry["key"] == _digest(key):
+        return {k: entry[k] for k in ("verdict", "reason", "evidence")}, path
     return None
 
 
@@ -279,7 +371,7 @@ def store(
     for folder in locations():
         try:
             return _write_atomically(folder, _file_name(spec), text)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             _LOG.debug("cannot write the verdict cache in %s: %r", folder, exc)
     return None
 
@@ -287,6 +379,10 @@ def store(
 def _write_atomically(folder: Path, name: str, text: str) -> Path:
     # A process reading meanwhile sees the old file or the new one, never half of one.
     folder.mkdir(parents=True, exist_ok=True)
+    why = _untrusted(folder, os.stat(folder))
+    if why is not None:  # another user's folder: what is written there cannot be trusted
+        _refuse(why)
+        raise ValueError(why)
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
