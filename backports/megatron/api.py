@@ -3,6 +3,7 @@
 Data flows one way: catalog -> probe -> verdict -> patcher -> report.
 """
 
+import hashlib
 import logging
 import warnings
 from collections.abc import Iterable, Iterator
@@ -33,7 +34,7 @@ WITH_LOCAL_CHANGES = "local-changes"
 
 _LOG = logging.getLogger("backports.megatron")
 _SKIPPED = (Verdict.UPSTREAM, Verdict.INCOMPATIBLE, Verdict.ABSENT)
-_warned: set[tuple[str, Verdict]] = set()
+_warned: set[str] = set()  # _said_key of each warning decided in this process
 _last: dict[str, Report] = {}  # id -> what apply last decided in this process
 # id -> (spec, strict, upstream_only) of each backport whose post-import hook is registered.
 _watched: dict[str, tuple[BackportSpec, bool, bool]] = {}
@@ -50,23 +51,41 @@ def disabled_reason(spec: BackportSpec) -> str | None:
 
 
 def _announce(report: Report, stacklevel: int = 3) -> None:
-    """One BackportWarning per backport and verdict per job (see ``once_per_job``).
+    """One BackportWarning per backport, verdict and reason per job (see ``once_per_job``).
     ``stacklevel`` 3 names the caller of the function that calls this one (``apply``)."""
     if report.action is Action.INSTALLED:
         _LOG.info("installed %s: %s", report.id, report.reason)
         return
     if report.action is not Action.SKIPPED or report.verdict not in _SKIPPED:
         return
-    key = (report.id, report.verdict)
-    if key in _warned:
+    said = _said_key(report)
+    if said in _warned:
         return
-    _warned.add(key)
+    _warned.add(said)
     message = f"megatron-backports: {report.id} not applied ({report.verdict}): {report.reason}"
     # Rank 0 only, and not again in the workers and spawn children of a process that warned.
-    if once_per_job.claim(f"{report.id}:{report.verdict}"):
-        warnings.warn(message, BackportWarning, stacklevel=stacklevel)
+    if once_per_job.may_say(said):
+        if _warn_shown(message, stacklevel):
+            once_per_job.record(said)  # only what was shown: a child may show what was dropped
     else:
         _LOG.debug("%s (said once per job: by rank 0, or by a parent process)", message)
+
+
+def _said_key(report: Report) -> str:
+    """id:verdict:<digest of the reason>: another reason (a new sniff, another version) is
+    news, the same one in a child process is not."""
+    digest = hashlib.sha256(report.reason.encode()).hexdigest()[:12]
+    return f"{report.id}:{report.verdict}:{digest}"
+
+
+def _warn_shown(message: str, stacklevel: int) -> bool:
+    """Warn through the user's filters; whether the warning was shown (not dropped by an
+    ``ignore`` filter or a ``once`` already spent). An ``error`` filter raises, as ever."""
+    with warnings.catch_warnings(record=True) as caught:  # keeps the filters as they are
+        warnings.warn(message, BackportWarning, stacklevel=stacklevel + 1)
+    for shown in caught:
+        warnings.showwarning(shown.message, shown.category, shown.filename, shown.lineno)
+    return bool(caught)
 
 
 def upstream_only_requested(upstream_only: bool | None = None) -> bool:
@@ -396,7 +415,7 @@ def revert(only: str | Iterable[str] | None = None) -> list[Report]:
             removed = patcher.uninstall(spec.id)
             last = _last.pop(spec.id, None)
             # A later apply() is a new decision and may warn again.
-            _warned.difference_update({key for key in _warned if key[0] == spec.id})
+            _warned.difference_update({key for key in _warned if key.startswith(f"{spec.id}:")})
             once_per_job.release(f"{spec.id}:")
             verdict = last.verdict if last else Verdict.NEEDED
             if removed is not None:
