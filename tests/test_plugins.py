@@ -229,7 +229,8 @@ def test_status_json_names_each_source(
     reports = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
     assert {i: (r["verdict"], r["source"]) for i, r in reports.items()} == {
         **{i: ("needed", "builtin") for i in BUILTINS},
-        "acme-1": ("needed", "acme-one 2.3"),
+        # On #7617's own target, which the builtin patches first (see the shadowing test).
+        "acme-1": ("incompatible", "acme-one 2.3"),
         "acme-broken": ("incompatible", "acme-broken 1.0"),
     }
     assert "ModuleNotFoundError" in reports["acme-broken"]["reason"]
@@ -461,3 +462,22 @@ def test_a_plugin_entry_with_a_bad_field_is_withheld_naming_it(
     assert cli.main(["check"]) == 1  # the bad plugin fails the gate; nothing raises
     out = capsys.readouterr().out
     assert "acme-bad" in out and "Traceback" not in out
+
+
+@pytest.mark.usefixtures("tilelang_dsa")
+def test_status_says_a_plugin_entry_shadowing_a_builtins_target_never_installs(
+    make_plugin: MakePlugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_plugin("acme-shadow", {"acme-shadow": "VALUE = clone('acme-shadow')"})
+    reports = {r.id: r for r in status()}
+    assert str(reports[BACKPORT_ID].action) == "would-install"
+    shadow = reports["acme-shadow"]
+    assert (shadow.verdict, str(shadow.action)) == (Verdict.INCOMPATIBLE, "would-skip")
+    assert BACKPORT_ID in shadow.reason and "fused_sparse_mla_absorbed" in shadow.reason
+    with warnings.catch_warnings():  # what apply() does agrees
+        warnings.simplefilter("ignore")
+        applied = {r.id: r for r in apply()}
+    assert applied["acme-shadow"].verdict is Verdict.INCOMPATIBLE
+    revert()
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP", BACKPORT_ID)  # the builtin off: no conflict
+    assert str({r.id: r for r in status()}["acme-shadow"].action) == "would-install"

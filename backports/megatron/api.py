@@ -381,8 +381,38 @@ def status(only: str | Iterable[str] | None = None) -> list[Report]:
     """Probe each backport and say what ``apply`` would do; changes nothing."""
     ids = _selection(only)
     with one_look():
-        reports = [_status_one(spec) for spec in select(ids)]
+        reports = _shadowed([_status_one(spec) for spec in select(ids)])
     return _sourced(reports) + _withheld(ids, Action.WOULD_SKIP)
+
+
+def _resolved_targets(report: Report) -> set[str]:
+    return {f"{t['module']}.{t['attribute']}" for t in report.evidence.get("targets", [])}
+
+
+def _shadowed(reports: list[Report]) -> list[Report]:
+    """Each report that would install on a target an earlier entry (in catalog order:
+    builtins first) installs on too, turned into what ``apply`` finds: that target is
+    already patched, so this entry never installs (``incompatible``)."""
+    taken: dict[str, str] = {}  # "module.attribute" -> the id that installs there first
+    shown = []
+    for report in reports:
+        targets = _resolved_targets(report)
+        if report.action in (Action.WOULD_INSTALL, Action.ALREADY_INSTALLED):
+            clash = sorted(t for t in targets if t in taken and taken[t] != report.id)
+            if clash and report.action is Action.WOULD_INSTALL:
+                owner = taken[clash[0]]
+                reason = (
+                    f"{', '.join(clash)} is also the target of {owner} ({source(owner)}), which "
+                    f"installs first: {report.id} never installs while {owner} does "
+                    f"(MEGATRON_BACKPORTS_SKIP={owner} to use this one)"
+                )
+                report = replace(
+                    report, verdict=Verdict.INCOMPATIBLE, action=Action.WOULD_SKIP, reason=reason
+                )
+            else:
+                taken.update((t, taken.get(t, report.id)) for t in targets)
+        shown.append(report)
+    return shown
 
 
 def _status_one(spec: BackportSpec) -> Report:
