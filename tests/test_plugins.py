@@ -481,3 +481,30 @@ def test_status_says_a_plugin_entry_shadowing_a_builtins_target_never_installs(
     revert()
     monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP", BACKPORT_ID)  # the builtin off: no conflict
     assert str({r.id: r for r in status()}["acme-shadow"].action) == "would-install"
+
+
+@pytest.mark.parametrize("command", ["status", "check"])
+@pytest.mark.usefixtures("tilelang_dsa")
+def test_json_output_stays_json_whatever_a_sniff_puts_in_its_detail(
+    make_plugin: MakePlugin, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    body = """
+    from backports.megatron.catalog import SniffResult
+
+    class Opaque:
+        def __repr__(self):
+            return "<Opaque>"
+
+    def sniff(targets):
+        detail = {"obj": Opaque(), "ids": {3}, "nan": float("nan"), 7: b"raw"}
+        return SniffResult(fixed=False, summary="odd detail", detail=detail)
+
+    VALUE = dataclasses.replace(MEGATRON_LM_7617, id="acme-odd-json", sniff=sniff)
+    """
+    make_plugin("acme-odd-json", {"acme-odd-json": body})
+    cli.main([command, "--json", "--only", "acme-odd-json"])
+    out = capsys.readouterr().out
+    (report,) = json.loads(out, parse_constant=lambda name: pytest.fail(f"not JSON: {name}"))
+    behaviour = report["evidence"]["behaviour"]
+    assert behaviour["obj"] == "<Opaque>" and behaviour["ids"] == "{3}"
+    assert behaviour["nan"] == "nan" and behaviour["7"] == "b'raw'"

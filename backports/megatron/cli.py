@@ -13,6 +13,7 @@ The command prints its own words: other packages' known import notices are hidde
 import argparse
 import importlib.metadata
 import json
+import math
 import os
 import sys
 import warnings
@@ -74,6 +75,20 @@ def _table(reports: list[Report], columns: Sequence[Column]) -> str:
     )
 
 
+def _jsonable(value: Any) -> Any:
+    """``value`` as strict JSON: what a sniff's detail holds that JSON has no word for (an
+    object, a set, bytes, NaN) becomes its ``repr``; keys become strings."""
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if value is None or isinstance(value, str | int | float):
+        return value
+    return repr(value)
+
+
 def _emit(
     args: argparse.Namespace,
     reports: list[Report],
@@ -88,8 +103,8 @@ def _emit(
     notes = [*args.warning_notes, *notes]
     if args.json:
         data = [{**r.to_dict(), **{title: cell(r) for title, cell in json_extra}} for r in reports]
-        json.dump(data, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        # Built whole before anything is written: never half a document on stdout.
+        sys.stdout.write(json.dumps(_jsonable(data), indent=2, allow_nan=False) + "\n")
         for note in notes:
             print(note, file=sys.stderr)
         return
