@@ -91,3 +91,24 @@ def test_check_fails_once_the_vendored_file_is_edited(
     assert row.split()[:3] == [BACKPORT_ID, "incompatible", "FAIL"]
     assert "tilelang_dsa.py has sha256" in row  # the probe's reason, so CI says what rotted
     assert summary == f"check: 1 of 1 failed: {BACKPORT_ID}"
+
+
+@pytest.mark.parametrize(
+    ("standin", "verdict", "ok"),
+    [("fixed_upstream", "upstream", False), ("new_signature", "incompatible", False),
+     (None, "needed", True)],
+)  # fmt: skip
+def test_a_disabled_backport_is_probed_anyway_and_fails_if_landed_or_rotted(
+    tilelang_dsa, monkeypatch, capsys: pytest.CaptureFixture[str], standin, verdict, ok
+) -> None:
+    from tests import standins
+
+    if standin is not None:
+        monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", getattr(standins, standin))
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP", BACKPORT_ID)
+    code = cli.main(["check", "--json", "--only", BACKPORT_ID])
+    (entry,) = json.loads(capsys.readouterr().out)
+    assert (code == 0) is ok
+    assert entry["check"]["ok"] is ok
+    assert "disabled here" in entry["check"]["why"]
+    assert entry["evidence"]["probed_while_disabled"]["verdict"] == verdict

@@ -22,7 +22,16 @@ from .targets import all_loaded, find_loaded_target, live_decorator
 from .vendored import load_replacement
 from .versions import describe
 
-__all__ = ["applied", "apply", "disabled_reason", "is_deferred", "last_report", "revert", "status"]
+__all__ = [
+    "applied",
+    "apply",
+    "disabled_reason",
+    "is_deferred",
+    "last_report",
+    "probe_ignoring_switches",
+    "revert",
+    "status",
+]
 
 # The environment switches; switches.py reads them (spellings, warnings).
 ENV_ENABLE = switches.ENABLE
@@ -413,6 +422,14 @@ def _shadowed(reports: list[Report]) -> list[Report]:
                 taken.update((t, taken.get(t, report.id)) for t in targets)
         shown.append(report)
     return shown
+
+
+def probe_ignoring_switches(spec: BackportSpec) -> Report:
+    """What the probe finds for ``spec`` whatever the environment's switches say (``check``
+    probes a disabled backport too); changes nothing."""
+    with one_look():
+        result = probe(spec)
+    return Report(spec.id, result.verdict, Action.WOULD_SKIP, result.reason, result.evidence)
 
 
 def _status_one(spec: BackportSpec) -> Report:

@@ -10,7 +10,9 @@ into pass or fail so that ``backports check`` can make that a red CI run:
   there); a target missing from a version that should have it, or a distribution that is
   not installed, fails: the backport would silently do nothing;
 - ``needed``: passes only if ``apply`` really installed it in this process;
-- ``disabled``: passes, with a note (the job's switches turned it off on purpose).
+- ``disabled``: probed anyway (``anyway``): a switch in CI's environment must not hide a
+  landed or rotted backport that jobs elsewhere still carry. It fails as the verdict would,
+  saying it is disabled here; a needed or not-yet-existing one passes, with a note.
 """
 
 from dataclasses import dataclass
@@ -50,8 +52,24 @@ def _absent(spec: BackportSpec | None, probed: Report) -> Judgement:
     return Judgement(False, "the target is missing where it should exist: the patch does nothing")
 
 
-def judge(spec: BackportSpec | None, probed: Report, applied: Report | None) -> Judgement:
-    """Pass or fail for one backport: ``probed`` from ``status``, ``applied`` from ``apply``.
+def _disabled(spec: BackportSpec | None, anyway: Report | None) -> Judgement:
+    """A backport the environment turns off, judged on what its probe found anyway."""
+    if anyway is None or anyway.verdict is Verdict.DISABLED:
+        return Judgement(True, "disabled by the environment: not checked")
+    if anyway.verdict is Verdict.NEEDED:
+        return Judgement(True, f"disabled here; still needed where it runs: {anyway.reason}")
+    found = judge(spec, anyway, None)
+    return Judgement(found.ok, f"disabled here; {found.why}")
+
+
+def judge(
+    spec: BackportSpec | None,
+    probed: Report,
+    applied: Report | None,
+    anyway: Report | None = None,
+) -> Judgement:
+    """Pass or fail for one backport: ``probed`` from ``status``, ``applied`` from ``apply``,
+    ``anyway``: what the probe found for a disabled one (see ``_disabled``).
 
     ``spec`` is None for a plugin the catalog withheld (its report is incompatible, or
     disabled by ``MEGATRON_BACKPORTS_SKIP_PLUGINS``).
@@ -64,7 +82,7 @@ def judge(spec: BackportSpec | None, probed: Report, applied: Report | None) -> 
     if verdict is Verdict.ABSENT:
         return _absent(spec, probed)
     if verdict is Verdict.DISABLED:
-        return Judgement(True, "disabled by the environment: not checked")
+        return _disabled(spec, anyway)
     if applied is None or applied.action not in _INSTALLED:
         action = "no report" if applied is None else f"{applied.action}: {applied.reason}"
         return Judgement(False, f"needed but not installed ({action})")

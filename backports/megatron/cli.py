@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import activation, import_notices, switches
-from .api import applied, apply, revert, status
+from .api import applied, apply, probe_ignoring_switches, revert, status
 from .audit import audit, candidate_dir, outcome
 from .catalog import entries, select, source
 from .check import Judgement, judge
@@ -324,6 +324,13 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return _OK
 
 
+def _with_probe_anyway(report: Report, anyway: Report | None) -> Report:
+    if anyway is None:
+        return report
+    found = {"verdict": str(anyway.verdict), "reason": anyway.reason}
+    return replace(report, evidence={**report.evidence, "probed_while_disabled": found})
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     only = _only(args)
     probed = status(only)  # imports the targets, so the apply below installs now
@@ -331,7 +338,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
         installed = {r.id: r for r in done}
     args.warning_notes.clear()  # apply's warnings repeat what the "why" column says
     specs = {spec.id: spec for spec in entries()}  # a withheld plugin has none
-    verdicts = {r.id: judge(specs.get(r.id), r, installed.get(r.id)) for r in probed}
+    anyway = {
+        r.id: probe_ignoring_switches(specs[r.id])
+        for r in probed
+        if r.verdict is Verdict.DISABLED and r.id in specs
+    }
+    probed = [_with_probe_anyway(r, anyway.get(r.id)) for r in probed]
+    verdicts = {
+        r.id: judge(specs.get(r.id), r, installed.get(r.id), anyway.get(r.id)) for r in probed
+    }
 
     def check_cell(report: Report) -> str:
         return "ok" if verdicts[report.id].ok else "FAIL"
