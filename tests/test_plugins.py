@@ -179,16 +179,34 @@ def test_a_plugin_naming_what_is_not_an_entry_contributes_nothing(
     assert "acme-odd 1.0" in record.reason and says in record.reason
 
 
-def test_a_plugin_claiming_a_builtin_id_is_withheld_with_it(make_plugin: MakePlugin) -> None:
+def test_a_plugin_claiming_a_builtin_id_is_withheld_never_the_builtin(
+    make_plugin: MakePlugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS", "acme-dup")  # the prefix allowed
+    catalog.reload()
     make_plugin("acme-dup", {"acme": f"VALUE = [clone('{BACKPORT_ID}'), clone('acme-sib')]"})
-    # Neither copy of the id, nor the plugin's other entry.
-    assert ids() == [i for i in BUILTINS if i != BACKPORT_ID]
-    records = withheld()
-    assert set(records) == {BACKPORT_ID, "acme-sib"}
-    dup = records[BACKPORT_ID]
-    assert dup.verdict is Verdict.INCOMPATIBLE
-    assert "builtin" in dup.reason and "acme-dup 1.0" in dup.reason
-    assert "acme-dup 1.0" in records["acme-sib"].reason
+    assert ids() == BUILTINS  # the builtin keeps its id; the plugin contributes nothing
+    assert catalog.source(BACKPORT_ID) == "builtin"
+    (record,) = withheld().values()
+    assert (record.id, record.verdict) == ("acme", Verdict.INCOMPATIBLE)
+    assert BACKPORT_ID in record.reason and "acme-dup 1.0" in record.reason
+    assert "builtin" in record.reason and "\n" not in record.reason
+
+
+@pytest.mark.parametrize("allowed", ["", "other-dist", "acme-prefix"])
+def test_a_plugin_id_with_the_builtin_prefix_needs_the_users_leave(
+    make_plugin: MakePlugin, monkeypatch: pytest.MonkeyPatch, allowed: str
+) -> None:
+    monkeypatch.setenv("MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS", allowed)
+    catalog.reload()
+    make_plugin("acme-prefix", {"acme": "VALUE = [clone('megatron-lm-99999'), clone('acme-2')]"})
+    if allowed == "acme-prefix":
+        assert ids() == [*BUILTINS, "megatron-lm-99999", "acme-2"]
+        return
+    assert ids() == BUILTINS
+    (record,) = withheld().values()
+    assert "megatron-lm-99999" in record.reason
+    assert "MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS=acme-prefix" in record.reason
 
 
 def test_two_plugins_claiming_one_id(make_plugin: MakePlugin) -> None:

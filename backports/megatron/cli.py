@@ -370,7 +370,14 @@ def _cmd_new(args: argparse.Namespace) -> int:
 
     target = scaffold.read_target(args.target)
     plan = scaffold.Scaffold(
-        args.id, args.pr, args.repo, Path(args.dest), target, args.sha, args.package
+        args.id,
+        args.pr,
+        args.repo,
+        Path(args.dest),
+        target,
+        args.sha,
+        args.package,
+        args.allow_builtin_prefix,
     )
     written = scaffold.create(plan)
     print(f"wrote {plan.distribution} in {plan.dest}:")
@@ -497,10 +504,10 @@ def _parser() -> argparse.ArgumentParser:
 
 _NEW_EXAMPLE = """\
 example:
-  backports new --id megatron-lm-9999 --pr 9999 \\
+  backports new --id acme-9999 --pr 9999 \\
       --repo https://github.com/NVIDIA/Megatron-LM.git \\
-      --target megatron.core.utils:divide --dest ./megatron-lm-9999-backport
-  cd megatron-lm-9999-backport && pip install -e . && python -m pytest   # fails until written
+      --target megatron.core.utils:divide --dest ./acme-9999-backport
+  cd acme-9999-backport && pip install -e . && python -m pytest   # fails until written
 
 --target is MODULE:function or MODULE:Class.method of the installed distribution; DIR
 must not exist. See docs/adding-a-backport.md."""
@@ -516,13 +523,19 @@ def _new_parser(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub.set_defaults(run=_cmd_new, json=False)
-    sub.add_argument("--id", required=True, help="backport id, e.g. megatron-lm-9999")
+    sub.add_argument("--id", required=True, help="backport id, e.g. acme-9999")
     sub.add_argument("--pr", required=True, type=int, help="upstream pull-request number")
     sub.add_argument("--repo", required=True, metavar="URL", help="upstream repository")
     sub.add_argument("--target", required=True, metavar="MODULE:QUALNAME", help="what to patch")
     sub.add_argument("--dest", required=True, metavar="DIR", help="where to write (new folder)")
     sub.add_argument("--sha", help="the pull request's head commit (else set it later)")
     sub.add_argument("--package", help="import name (default: <id>_backport)")
+    sub.add_argument(
+        "--allow-builtin-prefix",
+        action="store_true",
+        help="let --id start with megatron-lm- (loading it then needs "
+        "MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS=<distribution>)",
+    )
 
 
 # ---- main ----------------------------------------------------------------------------------

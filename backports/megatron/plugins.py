@@ -16,6 +16,11 @@ Any ``BaseException`` but ``KeyboardInterrupt`` (a ``SystemExit`` from an ``argp
 module level) is such a failure too.
 ``MEGATRON_BACKPORTS_SKIP_PLUGINS=dist,...`` turns distributions off without importing them.
 
+A plugin never knocks out a builtin: one that claims a builtin's id is withheld, the builtin
+kept. The builtin prefix ``megatron-lm-`` is this package's: a plugin's entry may use it
+only where ``MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS=dist,...`` names its distribution (a team
+carrying an upstream pull request this package does not carry yet).
+
 Loading happens once per process (``catalog.entries()`` caches it); this module only reads
 entry points and judges what they hold.
 """
@@ -23,7 +28,7 @@ entry points and judges what they hold.
 import importlib.metadata
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from packaging.utils import canonicalize_name
@@ -37,6 +42,7 @@ __all__ = ["BUILTIN", "GROUP", "Loaded", "Withheld", "load"]
 
 GROUP = "megatron_backports"
 BUILTIN = "builtin"  # the source of the entries this package carries itself
+BUILTIN_PREFIX = "megatron-lm-"  # the ids of this package's own entries
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,27 @@ def _skipped(distribution: str, names: frozenset[str]) -> bool:
     return canonicalize_name(distribution) in names
 
 
+def _refused(plugin: _Plugin, builtin_ids: set[str], allowed: frozenset[str]) -> _Plugin:
+    """``plugin`` without its entries if one takes a builtin's id, or the builtin prefix
+    without the user's leave: a plugin never knocks out a builtin."""
+    ids = [spec.id for spec in plugin.entries]
+    taken = [i for i in ids if i in builtin_ids]
+    if taken:
+        problem = (
+            f"claims {', '.join(taken)}, the id of a builtin entry: the builtin is kept and "
+            "this plugin withheld (give its entry another id)"
+        )
+        return replace(plugin, entries=(), problem=problem)
+    prefixed = [i for i in ids if i.startswith(BUILTIN_PREFIX)]
+    if prefixed and not _skipped(plugin.distribution, allowed):
+        problem = (
+            f"claims {', '.join(prefixed)}: the prefix {BUILTIN_PREFIX} is for builtin entries "
+            f"(allow it with {switches.ALLOW_BUILTIN_IDS}={plugin.distribution})"
+        )
+        return replace(plugin, entries=(), problem=problem)
+    return plugin
+
+
 def _discover(environ: Mapping[str, str] | None) -> tuple[list[_Plugin], list[Withheld]]:
     """Every entry point of the group loaded, but those of skipped distributions."""
     skip = frozenset(canonicalize_name(n) for n in switches.skipped_plugins(environ))
@@ -168,10 +195,14 @@ def _claims(builtins: Sequence[BackportSpec], plugins: list[_Plugin]) -> dict[st
 def load(builtins: Sequence[BackportSpec], environ: Mapping[str, str] | None = None) -> Loaded:
     """The builtins and every plugin's entries, with duplicates and failures withheld.
 
-    An id claimed twice is applied from no source: one ``incompatible`` record names every
-    claimant, and each plugin entry point that claims it contributes nothing else either.
+    A plugin claiming a builtin's id is withheld, the builtin kept. An id two plugins claim
+    is applied from neither: one ``incompatible`` record names both, and each entry point
+    that claims it contributes nothing else either.
     """
     plugins, withheld = _discover(environ)
+    allowed = frozenset(canonicalize_name(n) for n in switches.builtin_ids_allowed(environ))
+    builtin_ids = {spec.id for spec in builtins}
+    plugins = [_refused(plugin, builtin_ids, allowed) for plugin in plugins]
     claims = _claims(builtins, plugins)
     clashing = {i: who for i, who in claims.items() if len(who) > 1}
     for backport_id, who in clashing.items():

@@ -239,6 +239,9 @@ class Scaffold:
     target: TargetInfo
     sha: str | None = None
     package: str | None = None
+    # The id may start with the builtin prefix (megatron-lm-); loading it then needs
+    # MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS too. A builtin's own id is refused regardless.
+    allow_builtin_prefix: bool = False
 
     @property
     def package_name(self) -> str:
@@ -257,9 +260,29 @@ class Scaffold:
         return self.target.module.rpartition(".")[2]
 
 
+def _check_prefix(scaffold: Scaffold) -> None:
+    """A plugin never takes a builtin's id, nor the builtin prefix unasked: the loader would
+    withhold it (see plugins)."""
+    from .catalog import CATALOG
+    from .plugins import BUILTIN_PREFIX
+
+    if scaffold.id in {spec.id for spec in CATALOG}:
+        raise BackportError(
+            f"--id {scaffold.id} is a builtin entry's id: a plugin under it is never loaded "
+            "(--allow-builtin-prefix does not change that); give it your own id"
+        )
+    if scaffold.id.startswith(BUILTIN_PREFIX) and not scaffold.allow_builtin_prefix:
+        raise BackportError(
+            f"--id {scaffold.id}: the prefix {BUILTIN_PREFIX} is for builtin entries; use "
+            f"your own (e.g. acme-{scaffold.id.removeprefix(BUILTIN_PREFIX)}), or pass "
+            "--allow-builtin-prefix and set MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS=<distribution>"
+        )
+
+
 def _check(scaffold: Scaffold) -> None:
     if not _ID.fullmatch(scaffold.id):
         raise BackportError(f"--id must be lowercase words joined by '-', not {scaffold.id!r}")
+    _check_prefix(scaffold)
     if scaffold.pr <= 0:
         raise BackportError(f"--pr must be a positive pull-request number, not {scaffold.pr}")
     if scaffold.sha is not None and not _SHA.fullmatch(scaffold.sha):
