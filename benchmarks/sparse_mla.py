@@ -57,6 +57,10 @@ sys.path.insert(0, str(ROOT))
 TILELANG_DSA = "megatron.core.transformer.experimental_attention_variant.ops.tilelang_dsa"
 HEADS, WIDTH, KERNEL_WIDTH, V = 16, 512, 576, 512
 TOPK, KERNEL_TOPK = 2051, 2112
+BACKPORT_ID = "megatron-lm-7617"
+# Where the tensors live: "cuda" for measurements; "cpu" runs the same code path with a
+# stand-in kernel (the CPU test's), timed by the wall clock, with no memory figures.
+DEVICE = "cuda"
 SCALE = 0.0625  # the GPU tests' scale: one compiled kernel set
 GIB = 2**30
 CONFIGS = [(1, 4096), (1, 8192), (1, 16384), (1, 32768), (1, 65536), (2, 16384)]
@@ -84,11 +88,12 @@ def environment() -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             return None
 
-    props = torch.cuda.get_device_properties(0)
+    cuda = DEVICE == "cuda"
+    props = torch.cuda.get_device_properties(0) if cuda else None
     env = {
-        "gpu": props.name,
-        "gpu_memory_gib": round(props.total_memory / GIB, 1),
-        "sms": props.multi_processor_count,
+        "gpu": props.name if props else DEVICE,
+        "gpu_memory_gib": round(props.total_memory / GIB, 1) if props else None,
+        "sms": props.multi_processor_count if props else None,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "tilelang": version("tilelang"),
@@ -138,10 +143,16 @@ def _git(*args: str) -> str | None:
 
 class Timer:
     def __init__(self) -> None:
-        self.flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+        self.cuda = DEVICE == "cuda"
+        self.flush = torch.empty(256 * 2**20 if self.cuda else 0, dtype=torch.int8, device=DEVICE)
         self.pending: list[tuple[list[float], torch.cuda.Event, torch.cuda.Event]] = []
 
     def time(self, fn: Callable[[], Any], into: list[float], sleep_cycles: int) -> None:
+        if not self.cuda:  # the wall clock: CPU work is synchronous
+            started = time.perf_counter()
+            fn()
+            into.append((time.perf_counter() - started) * 1e3)
+            return
         self.flush.zero_()  # evict L2: every variant starts cold
         torch.cuda._sleep(sleep_cycles)  # the host queues fn's launches meanwhile
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -151,7 +162,8 @@ class Timer:
         self.pending.append((into, start, end))
 
     def collect(self) -> None:
-        torch.cuda.synchronize()
+        if self.cuda:
+            torch.cuda.synchronize()
         for into, start, end in self.pending:
             into.append(start.elapsed_time(end))
         self.pending.clear()
@@ -168,7 +180,10 @@ def summary(times: list[float]) -> dict[str, Any]:
     }
 
 
-def peak_bytes(fn: Callable[[], Any]) -> int:
+def peak_bytes(fn: Callable[[], Any]) -> int | None:
+    if DEVICE != "cuda":
+        fn()
+        return None
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -182,8 +197,9 @@ def peak_bytes(fn: Callable[[], Any]) -> int:
 
 def free() -> None:
     gc.collect()
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 # -- variants ------------------------------------------------------------------------------
@@ -193,19 +209,19 @@ class Inputs:
     """The caller's tensors and the kernel-layout copies (the kernel-alone variant's)."""
 
     def __init__(self, b: int, s: int, seed: int = 0) -> None:
-        gen = torch.Generator(device="cuda").manual_seed(seed)
+        gen = torch.Generator(device=DEVICE).manual_seed(seed)
         self.b, self.s = b, s
-        self.q = torch.randn(s, b, HEADS, WIDTH, generator=gen, device="cuda").bfloat16()
-        self.k = torch.randn(s, b, 1, WIDTH, generator=gen, device="cuda").bfloat16()
+        self.q = torch.randn(s, b, HEADS, WIDTH, generator=gen, device=DEVICE).bfloat16()
+        self.k = torch.randn(s, b, 1, WIDTH, generator=gen, device=DEVICE).bfloat16()
         self.idx = torch.randint(
-            0, s, (b, s, TOPK), generator=gen, device="cuda", dtype=torch.int32
+            0, s, (b, s, TOPK), generator=gen, device=DEVICE, dtype=torch.int32
         )
-        self.grad = torch.randn(s, b, HEADS, V, generator=gen, device="cuda").bfloat16()
+        self.grad = torch.randn(s, b, HEADS, V, generator=gen, device=DEVICE).bfloat16()
         self.q.requires_grad_(True)
         self.k.requires_grad_(True)
         self.qp = F.pad(self.q.detach(), (0, 64)).permute(1, 0, 2, 3).contiguous()
         self.kp = F.pad(self.k.detach(), (0, 64)).permute(1, 0, 2, 3).contiguous()
-        self.ip = F.pad(self.idx, (0, KERNEL_TOPK - TOPK), value=-1).unsqueeze(2).contiguous()
+        self.ip = F.pad(self.idx, (0, -TOPK % 64), value=-1).unsqueeze(2).contiguous()
         self.grad_p = self.grad.permute(1, 0, 2, 3).contiguous()
         self.qp.requires_grad_(True)
         self.kp.requires_grad_(True)
@@ -373,7 +389,7 @@ def bench_pieces(x: Inputs, reps: int) -> dict[str, Any]:
         ),
         "indices/lean_copies": (lambda: adapter.kernel_indices(x.idx, None), idx_bytes),
         "indices/upstream": (
-            lambda: F.pad(x.idx.unsqueeze(2).to(torch.int32), (0, KERNEL_TOPK - TOPK), value=-1),
+            lambda: F.pad(x.idx.unsqueeze(2).to(torch.int32), (0, -TOPK % 64), value=-1),
             idx_bytes,
         ),
         "output_layout/upstream": (  # the kernel alone leaves the output in [b, s] order
@@ -407,7 +423,7 @@ def bench_pieces(x: Inputs, reps: int) -> dict[str, Any]:
 
 def compile_check(function: Callable[..., Any], seq: int = 512) -> dict[str, Any]:
     """TileLang kernels compiled by the first forward+backward at batch 1, then 2, 3, 4."""
-    from tests.gpu.prewarm import CompileCounter
+    from backports.megatron.testing.prewarm import CompileCounter
 
     counter = CompileCounter().attach()
     result: dict[str, Any] = {"seq": seq, "batches": {}}
@@ -432,7 +448,8 @@ def compile_check(function: Callable[..., Any], seq: int = 512) -> dict[str, Any
 
 
 def label(b: int, s: int) -> str:
-    return f"{s // 1024}k" if b == 1 else f"{b}x{s // 1024}k"
+    size = f"{s // 1024}k" if s % 1024 == 0 else str(s)
+    return size if b == 1 else f"{b}x{size}"
 
 
 def fmt_ms(entry: dict[str, Any], mode: str) -> str:
@@ -490,7 +507,8 @@ def markdown(report: dict[str, Any]) -> str:
     lines = [
         f"SparseMLA, 16 heads, width 512, top-k 2051, bf16, int32 indices; "
         f"{env['gpu']}, torch {env['torch']} (CUDA {env['cuda']}), TileLang {env['tilelang']}, "
-        f"megatron-core {env['megatron_core']}. Median ms of CUDA-event timings "
+        f"megatron-core {env['megatron_core']}. Median ms of "
+        f"{'CUDA-event' if env['sms'] is not None else 'wall-clock'} timings "
         f"(fwd n={report['args']['reps']}, fwd+bwd n={report['args']['bwd_reps']}); "
         "peak GiB above the caller's tensors.",
         "",
@@ -634,13 +652,16 @@ def installed_variants(tilelang_dsa: Any) -> dict[str, Any]:
 
     found = {}
     for name, upstream_only in (("backport_upstream_only", True), ("backport", False)):
-        (report,) = apply(upstream_only=upstream_only)
+        # apply() reports on every catalog entry it was asked about: take #7617's by id.
+        reports = apply(BACKPORT_ID, upstream_only=upstream_only)
+        report = next(r for r in reports if r.id == BACKPORT_ID)
         log(f"apply(upstream_only={upstream_only}): {report.action} {report.verdict}")
         found[name] = tilelang_dsa.fused_sparse_mla_absorbed
     return found
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    global DEVICE, TOPK, KERNEL_TOPK
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", required=True)
     parser.add_argument("--plot")
@@ -661,11 +682,15 @@ def main() -> None:
         default="1x32768,2x16384",
         help="configs at which to time each adapter step alone",
     )
-    args = parser.parse_args()
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--topk", type=int, default=TOPK, help="top-k slots (2051: GLM-5.3-Flash)")
+    args = parser.parse_args(argv)
+    DEVICE, TOPK = args.device, args.topk
+    KERNEL_TOPK = -(-TOPK // 64) * 64
+    if DEVICE != "cuda":  # no TileLang compiles to count and no Triton passes to time
+        args.no_compile_check, args.pieces = True, ""
 
     from megatron.core.transformer.experimental_attention_variant import dsa
-
-    from tests.gpu.prewarm import prewarm
 
     tilelang_dsa = importlib.import_module(TILELANG_DSA)
     installed = installed_variants(tilelang_dsa)
@@ -699,7 +724,10 @@ def main() -> None:
         report["compile_check"] = compile_check(installed["backport"])
         log("compile check:", report["compile_check"])
         save()
-    log("prewarm:", prewarm([HEADS], [TOPK], SCALE))
+    if DEVICE == "cuda":
+        from backports.megatron.testing.prewarm import prewarm
+
+        log("prewarm:", prewarm([HEADS], [TOPK], SCALE))
 
     from backports.megatron.local_changes import _sparse_mla_triton as fused
 
@@ -754,6 +782,7 @@ def main() -> None:
     for row in report["targets"]:
         log("target:", json.dumps(row))
     log(markdown(report))
+    return report
 
 
 if __name__ == "__main__":

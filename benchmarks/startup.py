@@ -3,7 +3,7 @@
     python benchmarks/startup.py [--runs 300] [--hook-runs 20] [--import-runs 8]
                                  [--apply-runs 5] [--out PATH]
 
-Builds a throwaway training environment (tests/training_env.py: a venv with this
+Builds a throwaway training environment (tools/training_env.py: a venv with this
 repository pip-installed, torch and megatron-core 0.19.2 from the running environment),
 runs ``backports apply`` there (which also keeps the verdict in the venv's verdict cache),
 then:
@@ -45,7 +45,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.training_env import TILELANG_DSA, TrainingEnv, create  # noqa: E402
+sys.path.insert(0, str(ROOT / "tools"))
+from training_env import TILELANG_DSA, TrainingEnv, create  # noqa: E402
 
 _APPLY_TIMING = f"""
 import json, os, sys, time
@@ -106,7 +107,7 @@ def _time_pass(env: TrainingEnv) -> tuple[float, float]:
     return time.perf_counter() - start, _cpu_of_children() - cpu
 
 
-# The venvs ``python -c pass`` is timed in (tests/training_env.py builds them):
+# The venvs ``python -c pass`` is timed in (tools/training_env.py builds them):
 # "pip_built": torch, megatron-core and what pip installs with them (setuptools, a
 # dependency of torch, whose distutils-precedence.pth runs at every start-up) linked into
 # the venv's one site-packages, as after `pip install torch megatron-core`; the other

@@ -7,7 +7,7 @@ from types import ModuleType
 import pytest
 
 from backports.megatron import revert
-from tests.fake_kernel import FakeSparseMLA
+from backports.megatron.testing.fake_kernel import FakeSparseMLA
 
 TILELANG_DSA = "megatron.core.transformer.experimental_attention_variant.ops.tilelang_dsa"
 BACKPORT_ID = "megatron-lm-7617"

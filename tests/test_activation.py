@@ -2,8 +2,10 @@
 
 import ast
 import importlib.abc
+import importlib.util
 import io
 import logging
+import os
 import subprocess
 import sys
 from contextlib import redirect_stderr
@@ -99,8 +101,14 @@ def test_hook_installs_a_trigger_that_fires_once_on_megatron(fired):
     (trigger,) = activation.triggers()
     assert sys.meta_path[0] is trigger and activation.active()
     assert trigger.find_spec("numpy", None, None) is None and fired == []
+    spec = trigger.find_spec("megatron", None, None)
+    assert spec.name == "megatron" and spec.submodule_search_locations  # megatron's own
     assert trigger.find_spec("megatron", None, None) is None
-    assert trigger.find_spec("megatron", None, None) is None
+    assert fired == []  # not inside the import system's lookup: once megatron has executed
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert fired == [{"strict": True, "only": None}]
+    spec.loader.exec_module(module)  # a re-import does not apply again
     assert fired == [{"strict": True, "only": None}]
     assert not activation.active() and activation.triggers() == [trigger]  # inert, in place
 
@@ -260,3 +268,63 @@ def test_only_must_name_known_backports(tmp_path):
 def test_a_temp_folder_is_not_a_site_dir(tmp_path):
     assert not activation.is_site_dir(tmp_path)
     assert activation.is_site_dir(activation.default_site_dir())
+
+
+_PLUGIN_IMPORTING_MEGATRON = """
+import sys, textwrap
+sys.path.insert(0, {root!r})
+import backports.megatron
+backports.megatron._start_up(("megatron",), {{"strict": False, "only": None}})
+import megatron.core
+from backports.megatron import catalog
+assert "plug_imports_megatron" in sys.modules, catalog.withheld()
+print("parallel_state:", megatron.core.parallel_state.__name__)
+one = sys.modules["megatron"] is megatron and megatron.core is sys.modules["megatron.core"]
+print("one megatron:", one)
+"""
+
+
+@pytest.mark.slow
+def test_a_plugin_that_imports_megatron_at_module_level_leaves_one_megatron(tmp_path):
+    """The trigger runs apply() (and so loads the plugins) only once megatron's own import
+    has finished: a plugin's ``import megatron.core...`` must not leave a second, empty
+    ``megatron`` namespace module in ``sys.modules``."""
+    root = tmp_path / "plugin"
+    (root / "plug_imports_megatron").mkdir(parents=True)
+    (root / "plug_imports_megatron" / "__init__.py").write_text(
+        "import megatron.core.parallel_state  # at module level, as a plugin may\nVALUE = ()\n"
+    )
+    info = root / "plug_imports_megatron-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: plug-imports-megatron\nVersion: 1.0\n"
+    )
+    (info / "entry_points.txt").write_text(
+        "[megatron_backports]\nplug = plug_imports_megatron:VALUE\n"
+    )
+    script = _PLUGIN_IMPORTING_MEGATRON.format(root=str(root))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_BACKPORTS")}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "parallel_state: megatron.core.parallel_state" in done.stdout
+    assert "one megatron: True" in done.stdout
+
+
+def test_the_hook_line_is_silent_where_our_package_cannot_be_imported(tmp_path):
+    """Another interpreter reading the site folder (here ``-I -S``, whose ``sys.path`` does
+    not reach this install, then ``site.addsitedir``): our ``__init__.py`` still exists,
+    but ``backports.megatron`` cannot be imported there. Start-up must stay silent."""
+    activation.write_hook(tmp_path)
+    script = (
+        "import site, sys; site.addsitedir(sys.argv[1]); "
+        "print(any(getattr(f, '__megatron_backports_trigger__', False) for f in sys.meta_path))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "False\n", "")

@@ -1,10 +1,11 @@
 """The #7617 backport as ``apply()`` installs it, on real megatron-core 0.19.2, fake kernel.
 
-Only ``tilelang_dsa.SparseMLA`` is replaced (tests/fake_kernel.py); everything else is the
-installed megatron-core. Results are compared with tests/reference.py, an FP32 sparse
-attention on the caller's unpadded inputs, never with the code under test. The tests that
-hold for upstream's function alone run in both modes: with this project's local changes
-(the default) and upstream-only (``apply(upstream_only=True)``).
+Only ``tilelang_dsa.SparseMLA`` is replaced (``backports.megatron.testing.fake_kernel``);
+everything else is the installed megatron-core. Results are compared with
+tests/reference.py, an FP32 sparse attention on the caller's unpadded inputs, never with the
+code under test. The tests that hold for upstream's function alone run in both modes: with
+this project's local changes (the default) and upstream-only
+(``apply(upstream_only=True)``).
 """
 
 from types import ModuleType
@@ -13,8 +14,8 @@ import pytest
 import torch
 
 from backports.megatron import Action, apply
+from backports.megatron.testing.fake_kernel import FakeSparseMLA
 from tests.conftest import BACKPORT_ID
-from tests.fake_kernel import FakeSparseMLA
 from tests.reference import sparse_mla_reference
 from tests.reports import report_for
 

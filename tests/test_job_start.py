@@ -1,7 +1,7 @@
 """Job-start activation in real interpreters: ``backports apply`` in a venv, then new processes.
 
 Each test works in a throwaway venv with this repository pip-installed into it (see
-tests/training_env.py), the way a user has it after ``pip install megatron-backports``:
+tools/training_env.py), the way a user has it after ``pip install megatron-backports``:
 fresh ``python -c`` processes, ``multiprocessing`` spawn children and two torchrun ranks
 (CPU, gloo) must all come up patched, with no ``PYTHONPATH`` or other help.
 """
@@ -9,14 +9,18 @@ fresh ``python -c`` processes, ``multiprocessing`` spawn children and two torchr
 import json
 import re
 import shutil
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from backports.megatron.catalog import CATALOG
-from tests import standins, training_env
+from tests import standins
 from tests.conftest import BACKPORT_ID, TILELANG_DSA, ids_installed_by_importing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import training_env
 
 IDS = [spec.id for spec in CATALOG]
 

@@ -18,9 +18,9 @@ from backports.megatron.catalog import MEGATRON_LM_7617
 from backports.megatron.local_changes import _sparse_mla_adapter as adapter
 from backports.megatron.local_changes import wrap_all
 from backports.megatron.local_changes.sparse_mla import INDEX_HYGIENE, LEAN_COPIES
+from backports.megatron.testing.fake_kernel import FakeSparseMLA
 from backports.megatron.vendored import load_replacement
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
-from tests.fake_kernel import FakeSparseMLA
 from tests.reports import report_for
 
 SCALE = 0.0625

@@ -20,6 +20,8 @@ import pytest
 import torch
 from backports.megatron._vendor.megatron_lm_6793 import index_share
 
+from backports.megatron.model import SniffFailed
+
 RECOMPUTE = "megatron.core.recompute"
 DSA = "megatron.core.transformer.experimental_attention_variant.dsa"
 BACKPORT_ID = "megatron-lm-6793"
@@ -189,7 +191,7 @@ def test_sniff_raises_when_a_carrier_method_behaves_like_no_version(entry, recom
     def fresh_each_call(self, packed_seq_params, attention_mask):
         return SimpleNamespace()
 
-    with pytest.raises(entry._SniffFailed, match="neither"):
+    with pytest.raises(SniffFailed, match="neither"):
         entry._sniff(_pair(recompute, dsa, recompute.checkpointed_forward, fresh_each_call))
 
 

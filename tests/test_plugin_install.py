@@ -4,7 +4,7 @@ The plugin carries a small real fix for megatron-core 0.19.2's ``megatron.core.u
 (written here: a ValueError that names both numbers instead of an assertion, which
 ``python -O`` strips). It is scaffolded in a temporary folder, pip-installed offline
 (``--no-deps --no-build-isolation``) into a throwaway venv that holds this repository
-as a user has it (tests/training_env.py), and driven through the ``backports`` command of
+as a user has it (tools/training_env.py), and driven through the ``backports`` command of
 that venv: status lists it with its source, apply installs it (and the start-up hook
 reaches a new process), revert restores the original, check passes, then fails once the
 installed vendored file is edited. The generated tests fail untouched and pass once filled.
@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from backports.megatron import cli
-from tests import training_env
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import training_env
 
 pytestmark = pytest.mark.slow
 

@@ -449,7 +449,7 @@ def _bad(change: str) -> str:
         ("targets=(target, 'x')", "targets"),
         ("sniff=None", "sniff"),
         ("vendored='backports.megatron._vendor'", "vendored"),
-        ("vendored=VendoredRef('', 'm', 'a')", "vendored.package"),
+        ("vendored=VendoredRef('no such package', 'm', 'a')", "vendored.package"),
         ("title=None", "title"),
         ("delete_when_landed=1", "delete_when_landed"),
         ("local_changes=(object(),)", "local_changes"),

@@ -1,6 +1,6 @@
 """Ray workers: a real local Ray cluster (CPU) whose task and actors import megatron.
 
-The cluster runs in a throwaway venv with this repository pip-installed (tests/training_env.py),
+The cluster runs in a throwaway venv with this repository pip-installed (tools/training_env.py),
 so that its workers are new interpreters of that venv, as in a user's job. Three ways in:
 - ``hook``: ``backports apply`` ran in the venv; its start-up hook patches each worker;
 - ``setup-hook``: no hook, ``ray.init(runtime_env={"worker_process_setup_hook":
@@ -13,14 +13,18 @@ which ``verify_actors`` must tell the driver differs. ``verify_sets`` alone: the
 
 import hashlib
 import json
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from backports.megatron import BackportError
 from backports.megatron.ray_workers import verify_actors, verify_sets
-from tests import training_env
 from tests.conftest import BACKPORT_ID, TILELANG_DSA, ids_installed_by_importing
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+import training_env
 
 # Computed here from the file, not taken from the package: what a worker must report.
 VENDORED_SHA = hashlib.sha256(

@@ -19,8 +19,8 @@ import torch
 
 from backports.megatron import Action, Verdict, applied, apply, manifest, status
 from backports.megatron.ranks import installed_backports
+from backports.megatron.testing.fake_kernel import FakeSparseMLA
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
-from tests.fake_kernel import FakeSparseMLA
 from tests.reports import report_for
 
 
@@ -91,7 +91,7 @@ _RELOAD_SCRIPT = textwrap.dedent(
     from backports.megatron import activation, apply, manifest, status
     activation.deactivate()  # this environment's own hook, if it has one: apply() decides here
     from backports.megatron.ranks import installed_backports
-    from tests.fake_kernel import FakeSparseMLA
+    from backports.megatron.testing.fake_kernel import FakeSparseMLA
     from tests.reports import report_for
     BACKPORT_ID = "megatron-lm-7617"
     NAME = sys.argv[1]

@@ -34,9 +34,9 @@ from backports.megatron import Action, Verdict, apply, catalog, cli
 from backports.megatron.catalog import MEGATRON_LM_7617, BackportSpec
 from backports.megatron.local_changes import wrap_all
 from backports.megatron.probe import probe
+from backports.megatron.testing.fake_kernel import FakeSparseMLA
 from backports.megatron.vendored import load_replacement
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
-from tests.fake_kernel import FakeSparseMLA
 from tests.reports import report_for
 from tests.test_local_changes import deterministic  # noqa: F401 (a fixture they use)
 from tests.test_sync_upstream import BACKPORT, FIXED_LIVE, ROOT, build_upstream, sync_upstream

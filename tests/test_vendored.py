@@ -24,9 +24,9 @@ import pytest
 from backports.megatron import Action, BackportWarning, Verdict, apply, catalog
 from backports.megatron.catalog import MEGATRON_LM_7617, BackportSpec
 from backports.megatron.probe import probe_without_import
+from backports.megatron.testing.fake_kernel import FakeSparseMLA
 from backports.megatron.vendored import python_files_digest
 from tests.conftest import BACKPORT_ID
-from tests.fake_kernel import FakeSparseMLA
 from tests.reports import report_for
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -3,18 +3,16 @@
 GLM-5.3-Flash-style DSA layers use NoPE MLA (q/k width 512), a k-pool top-k of
 2048 + 3 = 2051 and 16 heads per TP rank. Stock megatron-core 0.19.2 declines that call
 and falls back to a dense [b, heads, sq, sk] softmax; with the backport it reaches the
-fused TileLang kernel. Where CUDA or TileLang is missing, tests/fake_kernel.py (an FP32
-sparse attention with the kernel's contract) stands in for the kernel, and says so.
+fused TileLang kernel. Where CUDA or TileLang is missing, ``FakeSparseMLA`` (from
+backports.megatron.testing: an FP32 sparse attention with the kernel's contract) stands in
+for the kernel, and says so.
 """
 
 import argparse
 import json
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-import backports.megatron as backports  # noqa: E402  (before megatron, as a job would)
+import backports.megatron as backports  # before megatron, as a job would
 
 TILELANG_DSA = "megatron.core.transformer.experimental_attention_variant.ops.tilelang_dsa"
 WIDTH, TOPK, HEADS, V_CHANNELS, SCALE = 512, 2051, 16, 512, 0.0625
@@ -84,11 +82,10 @@ def main() -> int:
     cuda = torch.cuda.is_available() and tilelang_dsa.SparseMLA is not None
     device = "cuda" if cuda else "cpu"
     if not cuda:
-        sys.path.insert(0, str(ROOT))
-        from tests.fake_kernel import FakeSparseMLA
+        from backports.megatron.testing.fake_kernel import FakeSparseMLA
 
         tilelang_dsa.SparseMLA = kernel = FakeSparseMLA()
-        print("\nNo CUDA/TileLang here: tests/fake_kernel.py (FP32, kernel contract) stands in.")
+        print("\nNo CUDA/TileLang here: backports.megatron.testing's FakeSparseMLA stands in.")
     tokens = args.tokens or (4096 if cuda else 128)
 
     torch.manual_seed(0)

@@ -82,8 +82,8 @@ _OFF = ("0", "false", "off", "no")  # switches.FALSE, spelled out (tests/test_sw
 
 
 class _Trigger:
-    """A ``sys.meta_path`` finder that never finds a module; the first lookup of a watched
-    package (``megatron``) runs ``activation.fire``, which runs ``apply()``.
+    """A ``sys.meta_path`` finder for the first import of a watched package (``megatron``):
+    once that package has executed, ``activation.fire`` runs ``apply()``.
 
     Once fired it stays in ``sys.meta_path``, inert: it runs while the import system
     iterates that list, and removing an entry would skip the next one.
@@ -96,21 +96,37 @@ class _Trigger:
         self.config = config  # apply()'s arguments: only, strict
         self.fired = False
 
-    def find_spec(self, fullname: str, path: object = None, target: object = None) -> None:
+    def find_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "Any":
+        """For the first lookup of a watched package: its spec as the other finders find
+        it, with a loader that runs ``apply()`` once the package has executed. Not here,
+        inside the lookup: a plugin that imports megatron would then create a second one."""
         if self.fired or fullname not in self.packages:
             return None
+        self.fired = True
+        try:
+            from .activation import fire_after_import
+
+            return fire_after_import(fullname, path, target, self.config)
+        except Exception as exc:
+            self._failed(exc)
+        return None
+
+    def fire_now(self) -> None:
+        """Run ``apply()`` now: the watched package was imported before the trigger."""
         self.fired = True
         try:
             from .activation import fire
 
             fire(self.config)
         except Exception as exc:
-            # A half-upgraded or corrupted install (a SyntaxError, a missing module) must
-            # not break the import of megatron, unless the hook was written strict.
-            if self.config.get("strict"):
-                raise
-            _say_hook_failed(exc)
-        return None
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        # A half-upgraded or corrupted install (a SyntaxError, a missing module) must
+        # not break the import of megatron, unless the hook was written strict.
+        if self.config.get("strict"):
+            raise exc
+        _say_hook_failed(exc)
 
 
 def _say_hook_failed(exc: BaseException) -> None:
@@ -140,7 +156,6 @@ def _start_up(packages: "tuple[str, ...]", config: "dict[str, Any]") -> "_Trigge
     sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, _TRIGGER, False)]
     trigger = _Trigger(packages, config)
     sys.meta_path.insert(0, trigger)
-    already = sorted(trigger.packages.intersection(sys.modules))
-    if already:
-        trigger.find_spec(already[0])
+    if trigger.packages.intersection(sys.modules):
+        trigger.fire_now()
     return trigger

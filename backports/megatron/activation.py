@@ -18,10 +18,14 @@ import site
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib.machinery import ModuleSpec
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from . import post_import
 from .catalog import select
 from .errors import BackportError
 
@@ -32,6 +36,7 @@ __all__ = [
     "deactivate",
     "default_site_dir",
     "fire",
+    "fire_after_import",
     "hook_text",
     "is_site_dir",
     "read_hook",
@@ -47,6 +52,12 @@ HOOK_FILE = "megatron_backports_startup.pth"
 _MARKER = "__megatron_backports_trigger__"  # backports.megatron._TRIGGER
 _CONFIG_LINE = "# config: "
 _LOG = logging.getLogger("backports.megatron")
+_FIRST_IMPORT = "start-up trigger"  # the post_import key of the trigger's one callback
+
+
+class _StrictHookFailure(BackportError):
+    # A strict hook's apply() failed: the import of megatron itself must fail.
+    fatal_on_import = True
 
 
 # ---- what the trigger calls, and how to find it ------------------------------------------
@@ -73,6 +84,27 @@ def fire(config: dict[str, Any]) -> None:
         )
 
 
+def fire_after_import(
+    name: str, path: Sequence[str] | None, target: ModuleType | None, config: dict[str, Any]
+) -> ModuleSpec | None:
+    """``name``'s spec, whose loader runs ``fire(config)`` once the package has executed and
+    sits in ``sys.modules``: a plugin that imports megatron then finds that very module.
+    None (nothing to watch) when no other finder finds ``name``."""
+
+    def after_import(module: ModuleType) -> None:
+        post_import.unregister(_FIRST_IMPORT)  # once: a re-import does not apply again
+        try:
+            fire(config)  # raises only when strict
+        except Exception as exc:
+            raise _StrictHookFailure(f"the strict start-up hook failed: {exc}") from exc
+
+    post_import.register(name, _FIRST_IMPORT, after_import)
+    spec = post_import.watched_spec(name, path, target)
+    if spec is None:
+        post_import.unregister(_FIRST_IMPORT)
+    return spec
+
+
 def triggers() -> list[Any]:
     """The start-up triggers in ``sys.meta_path`` (fired ones included)."""
     return [finder for finder in sys.meta_path if getattr(finder, _MARKER, False)]
@@ -87,6 +119,7 @@ def deactivate() -> None:
     """Drop the triggers (the CLI and ``audit``'s probe decide explicitly). Not from a finder:
     removing from ``sys.meta_path`` while the import system iterates it skips an entry."""
     sys.meta_path[:] = [finder for finder in sys.meta_path if not getattr(finder, _MARKER, False)]
+    post_import.unregister(_FIRST_IMPORT)
 
 
 # ---- what the hook file holds ------------------------------------------------------------
@@ -107,10 +140,14 @@ def watched_packages(only: tuple[str, ...] | None = None) -> tuple[str, ...]:
 
 def _hook_line(packages: tuple[str, ...], config: dict[str, Any]) -> str:
     # `site` execs a .pth line only if it starts with "import", and prints a traceback
-    # for one that raises: the file check keeps the line silent once we are uninstalled.
+    # for one that raises: the file check keeps the line silent once we are uninstalled,
+    # and asking the finders for `backports` first keeps it silent in an interpreter that
+    # reads this folder but cannot import us (a copied venv, `-I -S` + site.addsitedir).
+    # The finders are already loaded: no import is added to every interpreter's start.
     package = str(Path(__file__).with_name("__init__.py"))
     return (
-        f"import os; os.path.isfile({package!r}) and "
+        f"import os, sys; os.path.isfile({package!r}) and any(getattr(f, 'find_spec', None) "
+        "and f.find_spec('backports', None) for f in sys.meta_path) and "
         f"__import__('backports.megatron', fromlist=['_start_up'])._start_up({packages!r}, "
         f"{config!r})\n"
     )

@@ -12,9 +12,10 @@ from dataclasses import replace
 from types import ModuleType
 
 from . import once_per_job, patcher, post_import, switches, verdict_cache
-from .catalog import BackportSpec, entries, select, select_withheld, source
+from .catalog import entries, select, select_withheld, source
 from .errors import BackportError, BackportWarning
 from .local_changes import wrap_all
+from .model import BackportSpec
 from .one_look import one_look
 from .probe import ProbeResult, probe, probe_without_import
 from .report import Action, Report, Verdict

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
-from .catalog import BackportSpec
+from .model import BackportSpec
 from .report import Action, Report, Verdict
 from .versions import release_predates
 

@@ -34,7 +34,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 
 from . import switches
-from .catalog.spec import BackportSpec
+from .model import BackportSpec
 from .report import Verdict
 from .spec_checks import problem
 

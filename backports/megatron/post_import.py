@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-__all__ = ["register", "registered", "unregister"]
+__all__ = ["register", "registered", "unregister", "watched_spec"]
 
 Callback = Callable[[ModuleType], None]
 
@@ -59,6 +59,14 @@ class _Finder(importlib.abc.MetaPathFinder):
             spec = self._find_with_others(fullname, path, target)
         finally:
             busy.discard(fullname)
+        if spec is not None and spec.loader is None and spec.submodule_search_locations:
+            # A namespace package (``megatron``): the import system would give it this
+            # loader itself, as CPython's own _init_module_attrs does.
+            namespace = importlib.machinery.NamespaceLoader.__new__(
+                importlib.machinery.NamespaceLoader
+            )
+            namespace._path = spec.submodule_search_locations  # type: ignore[attr-defined]
+            spec.loader = namespace
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return None
         spec.loader = _NotifyingLoader(spec.loader)
@@ -97,6 +105,14 @@ def _notify(module: ModuleType) -> None:
             if getattr(exc, "fatal_on_import", False):
                 raise
             _LOG.error("post-import hook for %s failed: %r", module.__name__, exc)
+
+
+def watched_spec(
+    fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+) -> importlib.machinery.ModuleSpec | None:
+    """A registered module's spec as the other finders find it, its loader wrapped to run
+    the callbacks: for the start-up trigger, which is asked first and hands the lookup on."""
+    return _FINDER.find_spec(fullname, path, target)
 
 
 def register(module_name: str, key: str, callback: Callback) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 
 from packaging.version import Version
 
-from .catalog import BackportSpec, Target
 from .git_ancestry import commit_ancestry
+from .model import BackportSpec, Target
 from .report import Verdict
 from .targets import ResolvedTarget, TargetMissing, resolve_target
 from .vendored import Integrity, check_integrity, read_upstream

@@ -4,7 +4,8 @@ import importlib.metadata
 from typing import Any
 
 from . import api
-from .catalog import BackportSpec, entries, source, withheld
+from .catalog import entries, source, withheld
+from .model import BackportSpec
 from .patcher import installed
 from .probe import ProbeResult, probe, probe_without_import
 from .report import Verdict

@@ -12,8 +12,7 @@ from collections.abc import Callable
 
 from packaging.version import Version
 
-from .catalog.spec import BackportSpec, Target, VendoredRef
-from .local_changes import LocalChange
+from .model import BackportSpec, LocalChange, Target, VendoredRef
 
 __all__ = ["problem"]
 

@@ -5,11 +5,10 @@ import inspect
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from .catalog import Target
+from .model import ResolvedTarget, Target
 
 __all__ = [
     "ResolvedTarget",
@@ -24,50 +23,6 @@ __all__ = [
 
 class TargetMissing(LookupError):
     """No candidate module defines the target function or method."""
-
-
-@dataclass(frozen=True)
-class ResolvedTarget:
-    """``module`` defines ``original``; ``installed`` is our replacement if one is live.
-
-    ``owner`` holds the attribute: the class of a "Class.method" target, else ``module``.
-    ``original`` is the very object bound there (for a compiled method, torch.compile's
-    wrapper: ``inspect.unwrap`` it to reach the body).
-    """
-
-    imported_as: str
-    module: ModuleType
-    attribute: str
-    original: Callable[..., Any]
-    installed: Callable[..., Any] | None
-    # Why ``original`` is someone else's replacement rather than the module's own function
-    # (a wrapper, or code from another file), or None.
-    foreign: str | None = None
-    owner: Any = None
-    # Whether ``original`` is its declared decorator's wrapper around the module's body.
-    decorated: bool = False
-
-    def __post_init__(self) -> None:
-        if self.owner is None:
-            object.__setattr__(self, "owner", self.module)
-
-    @property
-    def module_name(self) -> str:
-        return self.module.__name__
-
-    @property
-    def name(self) -> str:
-        """The attribute's own name on ``owner``."""
-        return self.attribute.rpartition(".")[2]
-
-    @property
-    def is_method(self) -> bool:
-        return self.owner is not self.module
-
-    @property
-    def body(self) -> Callable[..., Any]:
-        """The undecorated function (``original`` itself when it is not decorated)."""
-        return inspect.unwrap(self.original) if self.decorated else self.original
 
 
 def _is_missing_module(exc: ModuleNotFoundError, name: str) -> bool:

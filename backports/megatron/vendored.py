@@ -9,8 +9,8 @@ from importlib.resources import files
 from importlib.resources.abc import Traversable
 from typing import Any
 
-from .catalog import VendoredRef
 from .errors import BackportError
+from .model import VendoredRef
 from .upstream_schema import manifest_problems
 
 __all__ = [

@@ -50,8 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from . import once_per_job, switches
-from .catalog import BackportSpec, Target, origin
 from .errors import BackportWarning
+from .model import BackportSpec, Target
 from .one_look import remembered
 from .targets import find_loaded_target
 from .versions import installed_distribution
@@ -228,6 +228,8 @@ def fingerprint(spec: BackportSpec) -> dict[str, Any] | None:
         "id": spec.id,
         "targets": targets,
     }
+    from .catalog import origin  # the catalog imports the entries: only a key needs it
+
     where = origin(spec.id)
     if where is not None:  # a builtin's key stays as it was: its code is ours
         key["plugin"] = _plugin(spec, where)

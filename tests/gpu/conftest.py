@@ -1,7 +1,7 @@
 """GPU tests: skipped, with the reason, unless CUDA and TileLang's SparseMLA are here.
 
 On a GPU host the kernels the tests use are compiled up front, in parallel
-(tests/gpu/prewarm.py), and the errors each test saw against the FP32 reference are
+(backports/megatron/testing/prewarm.py), and the errors each test saw against the FP32 reference are
 written to the JSON file named by ``GPU_TEST_RECORD`` when the session ends.
 """
 
@@ -55,7 +55,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def compiled_kernels() -> dict[str, Any]:
-    from tests.gpu.prewarm import CompileCounter, prewarm
+    from backports.megatron.testing.prewarm import CompileCounter, prewarm
 
     result = prewarm(KERNEL_HEADS, KERNEL_TOPKS, SCALE)
     print(f"\nTileLang prewarm: {result}")

@@ -29,9 +29,9 @@ import torch
 from backports.megatron import Action, apply
 from backports.megatron.local_changes import _sparse_mla_adapter as adapter
 from backports.megatron.local_changes import _sparse_mla_triton as fused
+from backports.megatron.testing.prewarm import CompileCounter
 from tests.conftest import BACKPORT_ID
 from tests.gpu.conftest import SCALE
-from tests.gpu.prewarm import CompileCounter
 from tests.reference import sparse_mla_reference
 from tests.reports import report_for
 

@@ -1,20 +1,23 @@
 """Every backport: the ones this package carries (one module per upstream pull request), and
 those other distributions register under the entry-point group ``megatron_backports``.
 
-``entries()`` is the catalog every command reads; ``CATALOG`` holds the builtins alone.
+A builtin is found, not registered: every module ``catalog/<id with underscores>.py`` that
+defines ``SPEC`` (a ``BackportSpec``) is one, so adding a builtin edits no list. ``CATALOG``
+holds the builtins, newest pull request first; ``MEGATRON_LM_<PR>`` names each one.
+``entries()`` is the catalog every command reads: the builtins, then the plugins'. The model
+types are ``backports.megatron.model``'s, re-exported here for plugins.
 """
 
+import importlib
+import os
+import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import BackportError
-from .megatron_lm_6114 import SPEC as MEGATRON_LM_6114
-from .megatron_lm_6793 import SPEC as MEGATRON_LM_6793
-from .megatron_lm_7091 import SPEC as MEGATRON_LM_7091
-from .megatron_lm_7617 import SPEC as MEGATRON_LM_7617
-from .spec import BackportSpec, SniffResult, Target, VendoredRef
+from ..model import BackportSpec, SniffResult, Target, VendoredRef
 
-if TYPE_CHECKING:  # plugins.py imports .spec from this package: loaded lazily below
+if TYPE_CHECKING:  # plugins are loaded on first use, never when this package is imported
     from ..plugins import Loaded, Withheld
 
 __all__ = [
@@ -33,12 +36,40 @@ __all__ = [
     "withheld",
 ]
 
-CATALOG: tuple[BackportSpec, ...] = (
-    MEGATRON_LM_7617,
-    MEGATRON_LM_7091,
-    MEGATRON_LM_6114,
-    MEGATRON_LM_6793,
-)
+
+def _newest_first(name: str) -> list[tuple[int, str]]:
+    """Sort key: module names with their numbers compared as numbers, highest first."""
+    return [(-int(part), "") if part.isdigit() else (0, part) for part in re.split(r"(\d+)", name)]
+
+
+def _found() -> dict[str, BackportSpec]:
+    """Every builtin entry by module name: the modules of this package that define ``SPEC``."""
+    # A listing of the folder, not pkgutil (whose import costs every process at start-up).
+    names = {
+        entry.name.removesuffix(".py")
+        for folder in __path__
+        for entry in os.scandir(folder)
+        if entry.name.endswith(".py") and not entry.name.startswith("_") and entry.is_file()
+    }
+    found = {}
+    for name in sorted(names, key=_newest_first):
+        spec = getattr(importlib.import_module(f"{__name__}.{name}"), "SPEC", None)
+        if isinstance(spec, BackportSpec):
+            found[name] = spec
+    return found
+
+
+_BUILTINS = _found()
+CATALOG: tuple[BackportSpec, ...] = tuple(_BUILTINS.values())
+
+
+def __getattr__(name: str) -> BackportSpec:
+    """``MEGATRON_LM_7617`` and the like: the builtin whose module is that name, lowered."""
+    spec = _BUILTINS.get(name.lower()) if name.isupper() else None
+    if spec is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return spec
+
 
 # (the builtins it was built from, the catalog): a test that swaps CATALOG sees its own.
 _loaded: "tuple[tuple[BackportSpec, ...], Loaded] | None" = None

@@ -9,15 +9,11 @@ broadcast ``RuntimeError``; with tokens == experts the per-expert counts are sil
 import inspect
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from packaging.version import Version
 
-from .spec import BackportSpec, SniffResult, Target, VendoredRef
-
-if TYPE_CHECKING:
-    # targets imports the catalog; at run time the sniff only reads ``.original``.
-    from ..targets import ResolvedTarget
+from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
 
 __all__ = ["SPEC"]
 
@@ -35,10 +31,6 @@ _SQUARE_UNMASKED = [1, 2, 1, 1]
 _TALL_ROUTES = tuple((t, t % _EXPERTS) for t in range(6))
 _TALL_PADDED = (4, 5)
 _TALL_FIXED = [1, 1, 1, 1]
-
-
-class _SniffFailed(RuntimeError):
-    """The installed method did not behave like any version of itself."""
 
 
 def _routing_map(tokens: int, routes: tuple[tuple[int, int], ...]) -> Any:
@@ -83,9 +75,9 @@ def _count(
     # Every version counts in place (CUDA graphs capture the buffer) and leaves the
     # caller's map alone; one that does not is not the method this backport replaces.
     if router.local_tokens_per_expert is not buffer:
-        raise _SniffFailed("the method rebound local_tokens_per_expert instead of adding in place")
+        raise SniffFailed("the method rebound local_tokens_per_expert instead of adding in place")
     if not torch.equal(routing_map, before):
-        raise _SniffFailed("the method wrote the caller's routing_map")
+        raise SniffFailed("the method wrote the caller's routing_map")
     return [int(n) for n in buffer.tolist()]
 
 
@@ -93,10 +85,10 @@ def _check_controls(body: Callable[..., Any]) -> dict[str, Any]:
     """Calls every version answers alike: no mask counts every route, no grad counts nothing."""
     unmasked = _count(body, _EXPERTS, _SQUARE_ROUTES, None)
     if unmasked != _SQUARE_UNMASKED:
-        raise _SniffFailed(f"with no padding mask it counted {unmasked}, not {_SQUARE_UNMASKED}")
+        raise SniffFailed(f"with no padding mask it counted {unmasked}, not {_SQUARE_UNMASKED}")
     no_grad = _count(body, _EXPERTS, _SQUARE_ROUTES, _SQUARE_PADDED, grad=False)
     if any(no_grad):
-        raise _SniffFailed(f"with grad disabled it still counted {no_grad}")
+        raise SniffFailed(f"with grad disabled it still counted {no_grad}")
     return {"unmasked": unmasked, "no_grad": no_grad}
 
 
@@ -104,13 +96,13 @@ def _tall_probe(body: Callable[..., Any]) -> tuple[bool, dict[str, Any]]:
     """6 tokens / 4 experts: fixed counts [1, 1, 1, 1]; 0.19.2 raises (that is "needed")."""
     try:
         counts = _count(body, len(_TALL_ROUTES), _TALL_ROUTES, _TALL_PADDED)
-    except _SniffFailed:
+    except SniffFailed:
         raise
     except RuntimeError as exc:
         # The padding mask broadcast along the expert axis: the bug itself, not a sniff error.
         return False, {"raised": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
     if counts != _TALL_FIXED:
-        raise _SniffFailed(f"6 tokens / 4 experts with 2 padded counted {counts}")
+        raise SniffFailed(f"6 tokens / 4 experts with 2 padded counted {counts}")
     return True, {"counts": counts}
 
 
@@ -124,11 +116,11 @@ def _sniff_body(body: Callable[..., Any]) -> SniffResult:
     controls = _check_controls(body)
     square = _count(body, _EXPERTS, _SQUARE_ROUTES, _SQUARE_PADDED)
     if square not in (_SQUARE_FIXED, _SQUARE_UNFIXED):
-        raise _SniffFailed(f"4 tokens / 4 experts with token 0 padded counted {square}")
+        raise SniffFailed(f"4 tokens / 4 experts with token 0 padded counted {square}")
     square_fixed = square == _SQUARE_FIXED
     tall_fixed, tall = _tall_probe(body)
     if square_fixed != tall_fixed:
-        raise _SniffFailed(f"the probes disagree: 4x4 counted {square}, 6x4 gave {tall}")
+        raise SniffFailed(f"the probes disagree: 4x4 counted {square}, 6x4 gave {tall}")
     if square_fixed:
         summary = "a padded token drops all its routes from the expert-bias counts (by token)"
     else:
@@ -140,7 +132,7 @@ def _sniff_body(body: Callable[..., Any]) -> SniffResult:
     return SniffResult(square_fixed, summary, detail)
 
 
-def _sniff(targets: Sequence["ResolvedTarget"]) -> SniffResult:
+def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
     """Sniff the method's undecorated body; the compiled wrapper is never called."""
     return _sniff_body(inspect.unwrap(targets[0].original))
 
@@ -162,13 +154,4 @@ SPEC = BackportSpec(
     # No megatron-core release carries it yet (0.19.2 is the newest on PyPI and lacks it).
     fixed_in=None,
     sniff=_sniff,
-    vendored=VendoredRef(
-        package="backports.megatron._vendor.megatron_lm_6114",
-        module="router",
-        attribute="_apply_expert_bias",
-    ),
-    delete_when_landed=(
-        "Delete vendor/megatron_lm_6114/ and backports/megatron/catalog/megatron_lm_6114.py, "
-        "and drop MEGATRON_LM_6114 from backports/megatron/catalog/__init__.py."
-    ),
 )

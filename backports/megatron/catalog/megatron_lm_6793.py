@@ -12,24 +12,17 @@ method of ``DSAttention``.
 import types
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from packaging.version import Version
 
+from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target, VendoredRef
 from ..private_globals import with_globals
-from .spec import BackportSpec, SniffResult, Target, VendoredRef
-
-if TYPE_CHECKING:  # targets.py imports the catalog: the type is only for the checker
-    from ..targets import ResolvedTarget
 
 __all__ = ["SPEC"]
 
 # The top-k a micro-batch's computing layer leaves for the layers that share it.
 _F1, _F2 = 1.0, 2.0
-
-
-class _SniffFailed(RuntimeError):
-    """The installed pair did not behave like any version of itself."""
 
 
 class _RecordingCheckpoint:
@@ -72,7 +65,7 @@ class _SharingLayer:
         return hidden_states
 
 
-def _attention(carrier: "ResolvedTarget") -> Any:
+def _attention(carrier: ResolvedTarget) -> Any:
     """A real ``DSAttention`` on CPU (a skip layer: no indexer is built) whose carrier
     method is the resolved original, set on this instance only, never on the class."""
     dsa = carrier.module
@@ -90,7 +83,7 @@ def _attention(carrier: "ResolvedTarget") -> Any:
     )
     original = carrier.original
     if not isinstance(original, types.FunctionType):
-        raise _SniffFailed(f"{carrier.attribute} is a {type(original).__name__}, not a function")
+        raise SniffFailed(f"{carrier.attribute} is a {type(original).__name__}, not a function")
     attention._get_index_share_carrier = types.MethodType(original, attention)
     return attention
 
@@ -115,9 +108,7 @@ def _block(layer: _SharingLayer) -> SimpleNamespace:
     )
 
 
-def _replay(
-    forward: "ResolvedTarget", carrier: "ResolvedTarget", *, masked: bool
-) -> dict[str, Any]:
+def _replay(forward: ResolvedTarget, carrier: ResolvedTarget, *, masked: bool) -> dict[str, Any]:
     """F1, F2, then B1, B2 replaying the recorded chunks with grad on (the recompute)."""
     import torch
 
@@ -133,7 +124,7 @@ def _replay(
         hidden = torch.full((1, 1, 1), top_k)
         checkpointed(block, hidden, mask, None, None, None, None, None, False)
     if len(recorder.chunks) != 2:
-        raise _SniffFailed(f"expected one checkpointed chunk per forward, got {recorder.chunks}")
+        raise SniffFailed(f"expected one checkpointed chunk per forward, got {recorder.chunks}")
     with torch.enable_grad():
         for function, args in recorder.chunks:
             function(*torch.utils.checkpoint.detach_variable(args))
@@ -160,10 +151,10 @@ def _judge(run: dict[str, Any]) -> bool:
         return True
     if len(read) == 2 and read[0] != _F1 and left:
         return False
-    raise _SniffFailed(f"neither the 0.19.2 leak nor the fix: {run}")
+    raise SniffFailed(f"neither the 0.19.2 leak nor the fix: {run}")
 
 
-def _sniff(targets: Sequence["ResolvedTarget"]) -> SniffResult:
+def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
     """Fixed iff F1's recompute reads F1's top-k and nothing is left on the mask or config,
     with a mask and without one."""
     forward, carrier = targets
@@ -190,7 +181,7 @@ def _sniff(targets: Sequence["ResolvedTarget"]) -> SniffResult:
             "mask), or finds none on the detached mask"
         )
         return SniffResult(False, summary, detail)
-    raise _SniffFailed(f"fixed with a mask or without one, not both: {fixed}")
+    raise SniffFailed(f"fixed with a mask or without one, not both: {fixed}")
 
 
 SPEC = BackportSpec(
@@ -227,13 +218,5 @@ SPEC = BackportSpec(
     target_since=Version("0.19"),
     fixed_in=None,
     sniff=_sniff,
-    vendored=VendoredRef(
-        package="backports.megatron._vendor.megatron_lm_6793",
-        module="index_share",
-        attribute="checkpointed_forward",
-    ),
-    delete_when_landed=(
-        "Delete vendor/megatron_lm_6793/ and backports/megatron/catalog/megatron_lm_6793.py, "
-        "and drop MEGATRON_LM_6793 from backports/megatron/catalog/__init__.py."
-    ),
+    vendored=VendoredRef(module="index_share"),  # not the target module's name
 )

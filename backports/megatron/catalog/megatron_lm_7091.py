@@ -7,15 +7,12 @@ of 256. The pull request sends those widths to the existing PyTorch path.
 """
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from packaging.version import Version
 
+from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
 from ..private_globals import with_globals
-from .spec import BackportSpec, SniffResult, Target, VendoredRef
-
-if TYPE_CHECKING:
-    from ..targets import ResolvedTarget
 
 __all__ = ["SPEC"]
 
@@ -25,10 +22,6 @@ _KERNEL = "sparse_indexer_target_interface"
 _CONTROLS = {256: True, 512: True, 65: False}
 # Multiples of 64 with no TileLang layout on B300: accepted before the fix, declined after.
 _PROBES = (320, 448, 1984)
-
-
-class _SniffFailed(RuntimeError):
-    """The installed predicate did not behave like any version of itself."""
 
 
 def _accepts(predicate: Callable[..., Any], width: int) -> bool:
@@ -47,17 +40,17 @@ def _accepts(predicate: Callable[..., Any], width: int) -> bool:
     return bool(predicate(query, key, indices))
 
 
-def _sniff(targets: Sequence["ResolvedTarget"]) -> SniffResult:
+def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
     """Fixed iff top-k widths 320, 448 and 1984 are declined, the controls as always."""
     (target,) = targets
     if _KERNEL not in vars(target.module):
-        raise _SniffFailed(f"{target.module_name} has no {_KERNEL} to stand in for")
+        raise SniffFailed(f"{target.module_name} has no {_KERNEL} to stand in for")
     # A private copy sees a sentinel kernel (absent without TileLang, and 0.19.2 checks it
     # first); the live module never does.
     predicate = with_globals(target.original, {_KERNEL: object()})
     controls = {str(width): _accepts(predicate, width) for width in _CONTROLS}
     if controls != {str(width): ok for width, ok in _CONTROLS.items()}:
-        raise _SniffFailed(f"the controls (256, 512 accepted; 65 declined) gave {controls}")
+        raise SniffFailed(f"the controls (256, 512 accepted; 65 declined) gave {controls}")
     probes = {str(width): _accepts(predicate, width) for width in _PROBES}
     detail = {"controls": controls, "probes": probes}
     if not any(probes.values()):
@@ -65,7 +58,7 @@ def _sniff(targets: Sequence["ResolvedTarget"]) -> SniffResult:
     if all(probes.values()):
         summary = "top-k widths 320, 448 and 1984 reach the TileLang kernel (no layout on B300)"
         return SniffResult(False, summary, detail)
-    raise _SniffFailed(f"top-k widths 320, 448, 1984 are partly declined: {probes}")
+    raise SniffFailed(f"top-k widths 320, 448, 1984 are partly declined: {probes}")
 
 
 SPEC = BackportSpec(
@@ -86,13 +79,4 @@ SPEC = BackportSpec(
     target_since=Version("0.19"),
     fixed_in=None,
     sniff=_sniff,
-    vendored=VendoredRef(
-        package="backports.megatron._vendor.megatron_lm_7091",
-        module="tilelang_dsa",
-        attribute="_can_use_fused_sparse_indexer_target",
-    ),
-    delete_when_landed=(
-        "Delete vendor/megatron_lm_7091/ and backports/megatron/catalog/megatron_lm_7091.py, "
-        "and drop MEGATRON_LM_7091 from backports/megatron/catalog/__init__.py."
-    ),
 )

@@ -7,25 +7,18 @@ GLM-5.3-Flash (width 512, top-k 2048 + 3) fall back to a dense O(L^2) softmax.
 
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from packaging.version import Version
 
 from ..local_changes.sparse_mla import INDEX_HYGIENE, LEAN_COPIES
+from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
 from ..private_globals import with_globals
-from .spec import BackportSpec, SniffResult, Target, VendoredRef
-
-if TYPE_CHECKING:
-    from ..targets import ResolvedTarget
 
 __all__ = ["SPEC"]
 
 _KERNEL_WIDTH = 576
 _TOPK_BLOCK = 64
-
-
-class _SniffFailed(RuntimeError):
-    """The installed function did not behave like any version of itself."""
 
 
 def _sniff_call(
@@ -54,7 +47,7 @@ def _sniff_call(
     indices[:, 1, :2] = torch.tensor([0, 1])
 
     if "SparseMLA" not in vars(module):
-        raise _SniffFailed(f"{module.__name__} has no SparseMLA to stand in for")
+        raise SniffFailed(f"{module.__name__} has no SparseMLA to stand in for")
     # A private copy of the function sees the recorder; the live module never does, so a
     # thread calling the attention meanwhile gets the real kernel.
     recording = with_globals(function, {"SparseMLA": _RecordingKernel})
@@ -67,7 +60,7 @@ def _sniff_call(
     }
 
 
-def _sniff(targets: Sequence["ResolvedTarget"]) -> SniffResult:
+def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
     """Fixed iff a NoPE / top-k 65 call reaches the kernel as 576 channels, top-k % 64 == 0.
 
     An aligned 576 / 64 call is the control: every version of the function sends it to the
@@ -77,7 +70,7 @@ def _sniff(targets: Sequence["ResolvedTarget"]) -> SniffResult:
     module, function = target.module, target.original
     control = _sniff_call(module, function, width=_KERNEL_WIDTH, topk=_TOPK_BLOCK)
     if control["kernel_saw"] is None:
-        raise _SniffFailed(f"the aligned 576/64 control call never reached the kernel: {control}")
+        raise SniffFailed(f"the aligned 576/64 control call never reached the kernel: {control}")
     probe = _sniff_call(module, function, width=512, topk=65)
     saw = probe["kernel_saw"]
     fixed = (
@@ -120,16 +113,5 @@ SPEC = BackportSpec(
     target_since=Version("0.19"),
     fixed_in=None,
     sniff=_sniff,
-    vendored=VendoredRef(
-        package="backports.megatron._vendor.megatron_lm_7617",
-        module="tilelang_dsa",
-        attribute="fused_sparse_mla_absorbed",
-    ),
-    delete_when_landed=(
-        "Delete vendor/megatron_lm_7617/ and backports/megatron/catalog/megatron_lm_7617.py, "
-        "and drop MEGATRON_LM_7617 from backports/megatron/catalog/__init__.py. The local "
-        "changes (backports/megatron/local_changes/sparse_mla.py) go with it, or are proposed "
-        "upstream first."
-    ),
     local_changes=(INDEX_HYGIENE, LEAN_COPIES),
 )

@@ -8,6 +8,8 @@ reads key 0 there, one >= sk reads out of bounds). Every call is recorded, with 
 its inputs, so tests can see what the kernel received.
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +30,9 @@ class FakeSparseMLA:
     def __init__(self) -> None:
         self.calls: list[KernelCall] = []
 
-    def apply(self, q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: float):
+    def apply(
+        self, q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, scale: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         assert q.dtype == kv.dtype == torch.bfloat16, (q.dtype, kv.dtype)
         assert indices.dtype == torch.int32, indices.dtype
         assert q.is_contiguous() and kv.is_contiguous() and indices.is_contiguous()

@@ -1,0 +1,217 @@
+"""What a backport is: the types every catalog entry (builtin or plugin) is made of.
+
+A ``BackportSpec`` names its ``Target``s, the ``Sniff`` that tells from behaviour whether
+the installed code has the fix (a ``SniffResult``, or ``SniffFailed``), the vendored
+replacement (``VendoredRef``) and the ``LocalChange``s this project adds around it.
+``ResolvedTarget`` is what a target turned out to be in this process, as a sniff sees it.
+
+A builtin entry leaves out what its id implies: the vendored package
+(``backports.megatron._vendor.<id with underscores>``), the vendored module (the last part
+of the first target's first module), the replacement's name, and what to delete when the
+fix lands. This module imports nothing of the tool but ``local_changes``, so every other
+part can import it.
+"""
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from types import ModuleType
+from typing import Any
+
+from packaging.version import Version
+
+from .local_changes import LocalChange
+
+__all__ = [
+    "VENDOR_PACKAGE",
+    "BackportSpec",
+    "LocalChange",
+    "ResolvedTarget",
+    "Sniff",
+    "SniffFailed",
+    "SniffResult",
+    "Target",
+    "VendoredRef",
+    "module_name_of",
+]
+
+# Where builtin entries' vendored folders are installed (vendor/<id>/ in a checkout).
+VENDOR_PACKAGE = "backports.megatron._vendor"
+
+
+def module_name_of(backport_id: str) -> str:
+    """The name of an entry's module and vendored folder: its id with underscores."""
+    return backport_id.replace("-", "_")
+
+
+class SniffFailed(RuntimeError):
+    """The installed code did not behave like any version of itself: the sniff cannot tell,
+    so the verdict is ``incompatible``. Every entry's sniff raises this one."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One upstream function or class method a backport replaces."""
+
+    # The distribution that ships the target: version and git evidence read this one.
+    distribution: str
+    # Dotted modules that may define the target, newest layout first. An older path
+    # may survive as a PEP 562 forwarder; the patcher rebinds where it is *defined*.
+    modules: tuple[str, ...]
+    # "function", or "Class.method": the method is set and restored on that class only.
+    attribute: str
+    # Parameter names, in order, of the *unwrapped* original ("self" included).
+    parameters: tuple[str, ...]
+    # Module globals the vendored code reads from the live target module.
+    helpers: tuple[str, ...] = ()
+    # The vendored module's attribute that replaces it; "" = the last part of ``attribute``.
+    replacement: str = ""
+    # "module:name" of the decorator the original carries (e.g. "megatron.core.jit:jit_fuser").
+    # When the installed original is decorated, the vendored body is decorated with the
+    # live decorator and installed behind a plain shim; None: never decorated.
+    decorator: str | None = None
+
+    @property
+    def owner_name(self) -> str | None:
+        """The class holding a method target, or None for a module-level function."""
+        owner, dot, _ = self.attribute.rpartition(".")
+        return owner if dot else None
+
+    @property
+    def name(self) -> str:
+        """The attribute's own name (the method's, for "Class.method")."""
+        return self.attribute.rpartition(".")[2]
+
+    @property
+    def replacement_name(self) -> str:
+        return self.replacement or self.name
+
+
+@dataclass(frozen=True)
+class ResolvedTarget:
+    """``module`` defines ``original``; ``installed`` is our replacement if one is live.
+
+    ``owner`` holds the attribute: the class of a "Class.method" target, else ``module``.
+    ``original`` is the very object bound there (for a compiled method, torch.compile's
+    wrapper: ``inspect.unwrap`` it to reach the body).
+    """
+
+    imported_as: str
+    module: ModuleType
+    attribute: str
+    original: Callable[..., Any]
+    installed: Callable[..., Any] | None
+    # Why ``original`` is someone else's replacement rather than the module's own function
+    # (a wrapper, or code from another file), or None.
+    foreign: str | None = None
+    owner: Any = None
+    # Whether ``original`` is its declared decorator's wrapper around the module's body.
+    decorated: bool = False
+
+    def __post_init__(self) -> None:
+        if self.owner is None:
+            object.__setattr__(self, "owner", self.module)
+
+    @property
+    def module_name(self) -> str:
+        return self.module.__name__
+
+    @property
+    def name(self) -> str:
+        """The attribute's own name on ``owner``."""
+        return self.attribute.rpartition(".")[2]
+
+    @property
+    def is_method(self) -> bool:
+        return self.owner is not self.module
+
+    @property
+    def body(self) -> Callable[..., Any]:
+        """The undecorated function (``original`` itself when it is not decorated)."""
+        return inspect.unwrap(self.original) if self.decorated else self.original
+
+
+@dataclass(frozen=True)
+class SniffResult:
+    """What running the installed function(s) on tiny inputs showed."""
+
+    fixed: bool
+    summary: str  # one line for the report's reason
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class VendoredRef:
+    """Where the vendored replacement lives: ``package.module``, attribute ``attribute``.
+
+    ``attribute`` is the first target's replacement; every target's replacement is an
+    attribute of the same vendored module. A field left empty is derived from the entry
+    (see ``BackportSpec``): a builtin names only what its id does not imply.
+    """
+
+    package: str = ""
+    module: str = ""
+    attribute: str = ""
+
+
+# sniff(every resolved target, in spec.targets order) -> SniffResult; raising (SniffFailed)
+# means incompatible. It must never write the live module or class (see private_globals).
+Sniff = Callable[[Sequence[ResolvedTarget]], SniffResult]
+
+
+@dataclass(frozen=True)
+class BackportSpec:
+    """One backport: what it patches, where the target exists, and when to delete it.
+
+    ``vendored`` and ``delete_when_landed`` may be left out (or ``VendoredRef`` fields left
+    empty): they are then derived from the id, as a builtin entry lays its files out.
+    """
+
+    id: str
+    title: str
+    # Applied and reverted together, all or none; the entry has one report.
+    targets: tuple[Target, ...]
+    # First release of the distribution that has the target(s) at all.
+    target_since: Version
+    # First release known to carry the fix; None while no release does.
+    fixed_in: Version | None
+    sniff: Sniff
+    vendored: VendoredRef = VendoredRef()
+    delete_when_landed: str = ""
+    # What this project adds around the first target's vendored code, outermost first
+    # (see local_changes).
+    local_changes: tuple[LocalChange, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.targets:
+            raise ValueError(f"{self.id}: a catalog entry needs at least one target")
+        if isinstance(self.vendored, VendoredRef):  # else a plugin's mistake: spec_checks says
+            object.__setattr__(self, "vendored", self._complete(self.vendored))
+        if not self.delete_when_landed:
+            object.__setattr__(self, "delete_when_landed", self._delete_text())
+
+    @property
+    def target(self) -> Target:
+        """The first target (single-target code and messages)."""
+        return self.targets[0]
+
+    def _complete(self, ref: VendoredRef) -> VendoredRef:
+        """``ref`` with every empty field derived from the id and the first target."""
+        if ref.package and ref.module and ref.attribute:
+            return ref
+        return replace(
+            ref,
+            package=ref.package or f"{VENDOR_PACKAGE}.{module_name_of(self.id)}",
+            module=ref.module or self.target.modules[0].rpartition(".")[2]
+            if self.target.modules
+            else ref.module,
+            attribute=ref.attribute or self.target.replacement_name,
+        )
+
+    def _delete_text(self) -> str:
+        name = module_name_of(self.id)
+        text = f"Delete vendor/{name}/ and backports/megatron/catalog/{name}.py"
+        if self.local_changes:
+            named = ", ".join(change.name for change in self.local_changes)
+            text += f"; its local changes ({named}) go with it or are proposed upstream"
+        return text + "."
