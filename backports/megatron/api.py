@@ -10,8 +10,9 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from types import ModuleType
+from typing import Any
 
-from . import once_per_job, patcher, post_import, switches, verdict_cache
+from . import compiled_code, once_per_job, patcher, post_import, switches, verdict_cache
 from .catalog import entries, select, select_withheld, source
 from .errors import BackportError, BackportWarning
 from .local_changes import wrap_all
@@ -197,7 +198,31 @@ def _report(
     _, fresh = outcome
     action = Action.INSTALLED if fresh else Action.ALREADY_INSTALLED
     reason = result.reason + (_UPSTREAM_ONLY_NOTE if upstream_only else "")
+    if fresh:
+        reason += _dropped_compiled_code(spec, result, evidence)
     return Report(spec.id, result.verdict, action, reason, evidence)
+
+
+def _dropped_compiled_code(
+    spec: BackportSpec, result: ProbeResult, evidence: dict[str, Any]
+) -> str:
+    """Drop torch.compile's code compiled before this install (it may have inlined an
+    original method, see ``compiled_code``); a note for the reason, or ""."""
+    try:
+        dropped = compiled_code.drop_stale(t.is_method for t in result.targets)
+    except Exception as exc:  # torch internals moved: say so, never fail the install
+        _LOG.warning("%s: cannot check torch.compile's earlier code: %r", spec.id, exc)
+        return ""
+    if not dropped:
+        return ""
+    evidence["compiled_before_apply"] = dropped
+    shown = ", ".join(dropped[:3]) + (f" and {len(dropped) - 3} more" if len(dropped) > 3 else "")
+    note = (
+        f" [torch.compile had compiled {shown} before the install: that code was dropped and "
+        "recompiles with the backport; call apply() before torch.compile]"
+    )
+    _LOG.warning("%s:%s", spec.id, note)
+    return note
 
 
 def _probe_with_cache(spec: BackportSpec) -> ProbeResult:
