@@ -107,7 +107,7 @@ def _pytest(env: training_env.TrainingEnv, root: Path) -> subprocess.CompletedPr
 def test_a_scaffolded_plugin_installs_applies_reverts_and_checks(tmp_path: Path) -> None:
     root = tmp_path / "acme-plugin"
     args = ["--id", ID, "--pr", "9999", "--repo", "https://github.com/acme/Megatron-LM.git"]
-    target = ["--target", "megatron.core.utils:divide", "--sha", "abc1234"]
+    target = ["--target", "megatron.core.utils:divide", "--sha", "abc1234" + "0" * 33]
     assert cli.main(["new", *args, *target, "--dest", str(root)]) == 0
     env = training_env.create(tmp_path / "venv")
     _install(env, root)

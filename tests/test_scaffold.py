@@ -35,7 +35,7 @@ def test_new_writes_an_installable_plugin_for_a_plain_function(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dest = tmp_path / "plugin"
-    assert new(dest, DIVIDE, "--sha", "abc1234") == 0
+    assert new(dest, DIVIDE, "--sha", "abc1234" + "0" * 33) == 0
     vendor = f"{PACKAGE}/vendor/megatron_lm_9999"
     assert sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()) == sorted(
         [
@@ -63,7 +63,7 @@ def test_new_writes_an_installable_plugin_for_a_plain_function(
     assert (upstream["path"], upstream["symbol"], upstream["head_sha"]) == (
         "megatron/core/utils.py",
         "divide",
-        "abc1234",
+        "abc1234" + "0" * 33,
     )
     out = capsys.readouterr().out
     # megatron-core 0.19.2 imports divide by name into these (each a `from ... import divide`).
@@ -139,7 +139,14 @@ def test_new_refuses_a_target_it_cannot_read(
 
 @pytest.mark.parametrize(
     ("extra", "says"),
-    [(["--sha", "xyz"], "--sha"), (["--package", "not-a-name"], "--package")],
+    [
+        (["--sha", "xyz"], "--sha"),
+        (["--sha", "abcd123"], "--sha must be the full commit SHA"),  # a short one: ambiguous
+        (["--package", "not-a-name"], "--package"),
+        (["--package", 'x"\nimport os'], "--package"),
+        (["--package", "x{id}"], "--package"),
+        (["--package", "x\\y"], "--package"),
+    ],
 )
 def test_new_refuses_bad_arguments(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], says: str
@@ -173,3 +180,33 @@ def test_an_id_with_the_builtin_prefix_is_refused_unless_allowed(
         assert cli.main([*args, "--allow-builtin-prefix"]) == 2
     else:
         assert cli.main([*args, "--allow-builtin-prefix"]) == 0
+
+
+@pytest.mark.parametrize(
+    "repo",
+    [
+        'https://x/r.git"\nimport os\nos.system("true")\n#',  # ends a string, then code
+        "https://x/r.git\nimport os",  # a newline ends the vendored file's comment
+        "https://x/r.git\\",  # a backslash escapes the closing quote
+        "https://x/{id}/r.git",  # a format field
+        "https://x/'r'.git",
+        "   ",
+    ],
+)
+def test_new_refuses_a_repo_that_would_escape_into_code(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], repo: str
+) -> None:
+    args = ["new", "--id", "acme-9999", "--pr", "9999", "--repo", repo]
+    assert cli.main([*args, "--target", DIVIDE, "--dest", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--repo" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_id_that_is_no_python_name_is_blamed_on_id(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["new", "--id", "9999", "--pr", "9999", "--repo", "https://github.com/o/r.git"]
+    assert cli.main([*args, "--target", DIVIDE, "--dest", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert "--id must be" in err and "--package" not in err

@@ -1,4 +1,4 @@
-"""tools/sync_rewrite.py: which names become live look-ups, and that nothing else changes.
+"""backports/megatron/sync/rewrite.py: which names become live look-ups, nothing else.
 
 Python's own ``symtable`` is the oracle for scoping: a name is rewritten exactly when the
 compiler would read it from the module's globals and the module (not builtins, not an
@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import builtins
 import symtable
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-
-from sync_rewrite import (
+from backports.megatron.sync.rewrite import (
     Provenance,
     RewriteError,
     SourceError,
@@ -257,3 +253,27 @@ def test_the_header_says_only_what_the_entrys_manifest_records():
     )
     moved = render_vendored(MODULE + "def f():\n    return K\n" + _TAIL, "f", provenance)
     assert "(upstream plans to move it to new/m.py)" in moved.text
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("repo", "https://x/r.git\nimport os"),  # a newline ends the header comment
+        ("repo", 'https://x/r.git"""; import os; """'),  # quotes end the docstring
+        ("path", "m.py\\"),  # a backslash escapes what follows it
+        ("path", "m{0}.py"),  # a format field
+        ("moved_path", "new/m.py\rimport os"),
+        ("sha", "ab" * 20 + "\n"),
+    ],
+)
+def test_a_value_that_would_escape_into_code_is_refused(field: str, value: str) -> None:
+    values = {"repo": "https://example.com/up.git", "path": "m.py", "sha": "ab" * 20}
+    values["moved_path"] = "new/m.py"
+    values[field] = value
+    with pytest.raises(RewriteError, match=f"^{field} .* refusing to write it into code"):
+        Provenance(values["repo"], 1, values["sha"], values["path"], "f", "m", values["moved_path"])
+
+
+def test_a_target_module_that_is_no_python_name_is_refused() -> None:
+    with pytest.raises(RewriteError, match="is not a dotted Python name"):
+        Provenance("https://example.com/up.git", 1, "ab" * 20, "m.py", "f", 'm"\nimport os')

@@ -37,9 +37,11 @@ from gitdb import IStream
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
 
-import sync_upstream  # noqa: E402
+import sync_upstream  # noqa: E402  (the thin wrapper users call)
 
 from backports.megatron.catalog import CATALOG, MEGATRON_LM_7617  # noqa: E402
+from backports.megatron.sync import commands as sync_commands  # noqa: E402
+from backports.megatron.sync import fetch as sync_fetch  # noqa: E402
 
 BACKPORT = "megatron-lm-7617"
 OLD_PATH = "megatron/core/transformer/experimental_attention_variant/ops/tilelang_dsa.py"
@@ -406,11 +408,12 @@ def test_manifest_records_the_sync(tool: Tool, upstream: Upstream, vendor: Path)
     assert after["origin"] == "synced"
     assert after["synced_sha"] == upstream.pr_head
     assert after["synced_path"] == OLD_PATH
-    assert after["synced_repo"] == str(upstream.path)
+    # The canonical URL stays; the local clone synced from is this machine's business.
+    assert "synced_repo" not in after and str(upstream.path) not in str(after)
     assert after["synced_date"] == datetime.datetime.now(datetime.UTC).date().isoformat()
     assert after["reads"] == READS
     kept = ("id", "repo", "pr", "head_sha", "merge_sha", "path", "moved_path", "symbol", "file")
-    assert {k: after[k] for k in kept} == {k: before[k] for k in kept}
+    assert {k: after.get(k) for k in kept} == {k: before.get(k) for k in kept}
     text = (vendor / "megatron_lm_7617" / "UPSTREAM.toml").read_text()
     assert text.startswith("# Provenance of the vendored code in this folder.")
 
@@ -535,7 +538,8 @@ def test_upstream_toml_keeps_its_comments_and_key_order(
     path = vendor / "megatron_lm_7617" / "UPSTREAM.toml"
     before = path.read_text()
     edited = before.replace(
-        'head_sha = "3d07347"', '# the SHAs upstream gave\nhead_sha = "3d07347"'
+        'head_sha = "3d07347181ae6d34ab7d381b586a81b39a2e6c23"',
+        '# the SHAs upstream gave\nhead_sha = "3d07347181ae6d34ab7d381b586a81b39a2e6c23"',
     )
     edited = edited.replace("pr = 7617", "pr = 7617  # NVIDIA/Megatron-LM#7617")
     path.write_text(edited)
@@ -599,7 +603,7 @@ def test_file_url_and_the_cache_clone(
     url = upstream.path.as_uri()
     run = tool("--backport", BACKPORT, "--sha", upstream.merge, "--repo", url)
     assert run.code == 0, run.err
-    assert manifest(vendor)["synced_repo"] == url
+    assert "synced_repo" not in manifest(vendor)
     clones = list((cache_home / "megatron-backports" / "upstream").glob("Megatron-LM-*.git"))
     assert len(clones) == 1 and git.Repo(clones[0]).bare
     assert not (cache_home.parent / "home").exists()
@@ -907,7 +911,7 @@ def test_an_interrupted_fetch_leaves_no_empty_clone(
     def interrupted(repo: Any, *refspecs: str) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(sync_upstream, "_git_fetch", interrupted)
+    monkeypatch.setattr(sync_fetch, "_git_fetch", interrupted)
     run = expect_error(
         tool, vendor, *sync_args(upstream), says="sync_upstream.py: error: interrupted"
     )
@@ -1021,7 +1025,7 @@ def test_any_other_error_is_one_line_with_status_2(
     def fail(*args: Any) -> None:
         raise error
 
-    monkeypatch.setattr(sync_upstream, "render_vendored", fail)
+    monkeypatch.setattr(sync_commands, "render_vendored", fail)
     run = expect_error(tool, vendor, *sync_args(upstream), says=says)
     assert run.err == f"sync_upstream.py: error: {says}\n"
 
@@ -1052,7 +1056,7 @@ class FailAt:
 
     def __init__(self, vendor: Path, n: int, error: BaseException) -> None:
         self.vendor, self.n, self.error, self.seen = str(vendor), n, error, 0
-        self.real_rename, self.real_write = os.rename, sync_upstream.write_file
+        self.real_rename, self.real_write = os.rename, sync_commands.write_file
 
     def _step(self, *paths: Any) -> None:
         if any(str(path).startswith(self.vendor) for path in paths):
@@ -1088,7 +1092,7 @@ def test_an_interrupted_sync_leaves_the_old_pair(
     before = visible(vendor)
     fail = FailAt(vendor, step, error)
     monkeypatch.setattr(os, "rename", fail.rename)
-    monkeypatch.setattr(sync_upstream, "write_file", fail.write_file)
+    monkeypatch.setattr(sync_commands, "write_file", fail.write_file)
     run = tool(*sync_args(upstream))
     assert fail.seen > step  # it really failed at that step
     assert run.code == 2 and run.err.count("\n") == 1, run.err

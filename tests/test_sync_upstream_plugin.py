@@ -84,7 +84,7 @@ def plugin(tmp_path: Path) -> Plugin:
     head = commit_files(repo, {PATH: FIXED}, "divide: ValueError", base)
     git.Reference.create(repo, f"refs/pull/{PR}/head", head)
     root = tmp_path / "acme-plugin"
-    args = ["--id", ID, "--pr", PR, "--repo", str(upstream), "--sha", head[:7]]
+    args = ["--id", ID, "--pr", PR, "--repo", str(upstream), "--sha", head]
     assert (
         cli.main(["new", *args, "--target", "megatron.core.utils:divide", "--dest", str(root)]) == 0
     )
@@ -174,10 +174,10 @@ def test_a_failed_swap_leaves_the_plugins_old_pair(
             raise OSError(28, "No space left on device")
         real(src, dst)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(sync_upstream.os, "rename", second_rename_fails)
+    monkeypatch.setattr(os, "rename", second_rename_fails)
     code, _, err = tool("--backport", ID, "--pr", PR)
     assert code == 2 and "No space left on device" in err and err.count("\n") == 1
-    monkeypatch.setattr(sync_upstream.os, "rename", real)
+    monkeypatch.setattr(os, "rename", real)
     assert snapshot(plugin.folder) == before
     assert sorted(p.name for p in plugin.vendor.iterdir() if p.name.startswith(".")) == []
     assert tool("--check")[0] == 0

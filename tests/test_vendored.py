@@ -162,7 +162,9 @@ def test_a_manifest_without_files_sha256_is_refused(spec: BackportSpec, folder: 
         ("pr = 7617", 'pr = "7617"', "pr must be a positive integer, not '7617'"),
         ('file = "tilelang_dsa.py"', 'file = "../x.py"', "file must be a .py file name"),
         ('origin = "handwritten"', 'origin = "copied"', "origin must be one of"),
-        ("head_sha = ", "old_head = ", "head_sha is missing"),
+        # A merged pull request must name its head (#7617's merge SHA is unverified, so the
+        # folder records none; one is given here).
+        ("head_sha = ", f'merge_sha = "{"a" * 40}"\nold_head = ', "head_sha is missing"),
     ],
 )
 def test_a_malformed_manifest_is_one_clear_incompatible_reason(

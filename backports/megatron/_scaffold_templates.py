@@ -4,10 +4,7 @@ Kept apart from ``scaffold.py`` so that the logic fits on a screen; ``values`` c
 every placeholder from a ``Scaffold``.
 """
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .scaffold import Scaffold
+from .scaffold_model import Scaffold
 
 __all__ = [
     "ENTRY",
@@ -42,7 +39,7 @@ def _comment_list(names: tuple[str, ...]) -> str:
     return "\n".join(f"#   {name}" for name in names) or "#   (none imported now)"
 
 
-def values(s: "Scaffold") -> dict[str, str]:
+def values(s: Scaffold) -> dict[str, str]:
     t = s.target
     reads = "".join(f'    "{name}",\n' for name in t.reads)
     return {
@@ -126,12 +123,13 @@ Scaffolded by `backports new`. The tests fail until you write:
    behaviour, nothing more (what you add on top belongs outside `vendor/`);
 3. `head_sha` (and `merge_sha` once merged) in `UPSTREAM.toml`.
 
-Then record the vendored file's hashes (a checkout of megatron-backports has the tool;
-a sync from the pull request replaces a top-level function with upstream's text):
+Then record the vendored file's hashes with `backports sync` (installed with
+megatron-backports; a sync from the pull request replaces the vendored function or method
+with upstream's text, and refuses a commit whose code does not show the fix):
 
-    python tools/sync_upstream.py --vendor-dir {package}/vendor --backport {id} --rehash
-    python tools/sync_upstream.py --vendor-dir {package}/vendor --backport {id} --pr {pr}
-    python tools/sync_upstream.py --vendor-dir {package}/vendor --check
+    backports sync --vendor-dir {package}/vendor --backport {id} --rehash
+    backports sync --vendor-dir {package}/vendor --backport {id} --pr {pr}
+    backports sync --vendor-dir {package}/vendor --check
 
 and check it:
 
@@ -304,7 +302,7 @@ def test_the_entry_point_registers_it():
 
 def test_upstream_toml_names_the_pull_requests_head():
     data = tomllib.loads((files(SPEC.vendored.package) / "UPSTREAM.toml").read_text())
-    assert data["head_sha"] != "0000000", "set head_sha (and merge_sha) in UPSTREAM.toml"
+    assert data["head_sha"] != "0" * 40, "set head_sha (and merge_sha) in UPSTREAM.toml"
 
 
 def test_the_installed_target_lacks_the_fix():

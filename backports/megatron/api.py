@@ -15,13 +15,12 @@ from typing import Any
 from . import compiled_code, once_per_job, patcher, post_import, switches, verdict_cache
 from .catalog import entries, select, select_withheld, source
 from .errors import BackportError, BackportWarning
-from .local_changes import wrap_all
 from .model import BackportSpec
 from .one_look import one_look
 from .probe import ProbeResult, probe, probe_without_import
 from .report import Action, Report, Verdict
 from .targets import all_loaded, find_loaded_target, live_decorator
-from .vendored import load_replacement
+from .vendored import replacement_functions, vendored_module
 from .versions import describe
 
 __all__ = [
@@ -137,11 +136,13 @@ def _replacements(
     """One per target, in catalog order. The vendored module reads the first target's
     module; the local changes wrap the first target's replacement."""
     replacements = []
-    for index, (target, resolved) in enumerate(zip(spec.targets, result.targets, strict=True)):
-        module_name = resolved.module_name if index == 0 else None
-        vendored = load_replacement(spec.vendored, module_name, target.replacement_name)
-        if index == 0 and not upstream_only:
-            vendored = wrap_all(vendored, spec.local_changes)
+    functions = replacement_functions(
+        spec,
+        vendored_module(spec.vendored),
+        result.targets[0].module_name,
+        upstream_only=upstream_only,
+    )
+    for target, resolved, vendored in zip(spec.targets, result.targets, functions, strict=True):
         decorator = None
         if resolved.decorated and target.decorator is not None:
             decorator = live_decorator(target.decorator)

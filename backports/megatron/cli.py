@@ -499,6 +499,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     only(sub)
     _new_parser(commands)
+    _sync_parser(commands)
+    _upstream_tests_parser(commands)
     return parser
 
 
@@ -536,6 +538,40 @@ def _new_parser(commands: Any) -> None:
         help="let --id start with megatron-lm- (loading it then needs "
         "MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS=<distribution>)",
     )
+
+
+def _cmd_upstream_tests(args: argparse.Namespace) -> int:
+    from . import upstream_tests  # git and a child pytest: only this command needs them
+
+    notes: list[str] = []
+    rows = upstream_tests.run_upstream_tests(args.id, Path(args.repo), args.sha, notes)
+    table = [("test", "stock / backport")]
+    print(_two_columns(table + [(row.test, f"{row.stock} / {row.backport}") for row in rows]))
+    for note in notes:
+        print(f"note: {note}")
+    code, summary = upstream_tests.verdict(rows)
+    print(f"{args.id}: {summary}")
+    return code
+
+
+def _upstream_tests_parser(commands: Any) -> None:
+    help_text = "run upstream's own tests of a fix, stock and with the backport"
+    sub = commands.add_parser("upstream-tests", help=help_text, description=help_text)
+    sub.set_defaults(run=_cmd_upstream_tests, json=False)
+    sub.add_argument("id", metavar="ID", help="backport id, e.g. megatron-lm-6114")
+    sub.add_argument("--repo", required=True, metavar="PATH", help="a Megatron-LM git clone")
+    sub.add_argument("--sha", help="take the tests from this commit (default: the recorded)")
+
+
+def _sync_parser(commands: Any) -> None:
+    from .sync import cli as sync_cli  # light: git and tomlkit load only when a sync runs
+
+    help_text = "refresh vendor/<id>/ from an upstream commit, or check it for drift"
+    sub = commands.add_parser(
+        "sync", help=help_text, description=sync_cli.DESCRIPTION, epilog=sync_cli.EPILOG
+    )
+    sync_cli.add_arguments(sub)
+    sub.set_defaults(run=lambda args: sync_cli.run(sub, args), json=False)
 
 
 # ---- main ----------------------------------------------------------------------------------

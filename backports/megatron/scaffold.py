@@ -29,46 +29,24 @@ import inspect
 import re
 import sys
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from . import _scaffold_templates as t
 from .errors import BackportError
+from .scaffold_model import Scaffold, TargetInfo
 from .targets import compiled_body
+from .upstream_schema import unsafe_text
 from .vendored import python_files_digest
 from .versions import installed_version
 
 __all__ = ["Scaffold", "TargetInfo", "create", "read_target"]
 
-_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
-_SHA = re.compile(r"[0-9a-f]{4,40}")
-_UNSET_SHA = "0000000"  # schema-valid placeholder; the generated tests refuse it
-
-
-@dataclass(frozen=True)
-class TargetInfo:
-    """What the installed target looks like, as the catalog entry must describe it."""
-
-    module: str  # the defining module
-    modules: tuple[str, ...]  # candidate modules for Target.modules (defining one first)
-    attribute: str  # "fn" or "Class.method"
-    parameters: tuple[str, ...]
-    reads: tuple[str, ...]  # module globals the function reads (candidates for helpers)
-    decorator: str | None  # "module:name" when the original is torch.compile's wrapper
-    holders: tuple[str, ...]  # modules in sys.modules that bind it by name
-    distribution: str
-    version: str | None
-    header: str  # "def name(params):" as the stub spells it
-    source_path: str  # the defining module's path in its repository (UPSTREAM.toml path)
-
-    @property
-    def name(self) -> str:
-        return self.attribute.rpartition(".")[2]
-
-    @property
-    def signature_text(self) -> str:
-        return f"({', '.join(self.parameters)})"
+# A letter first: the id's folder (``vendor/<id with underscores>``) is a Python package.
+_ID = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+_SHA = re.compile(r"[0-9a-f]{40}")
+_UNSET_SHA = "0" * 40  # schema-valid placeholder; the generated tests refuse it
 
 
 # ---- reading the installed target --------------------------------------------------------
@@ -228,38 +206,6 @@ def read_target(spec: str) -> TargetInfo:
 # ---- writing the distribution --------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Scaffold:
-    """The arguments of ``backports new``, checked."""
-
-    id: str
-    pr: int
-    repo: str
-    dest: Path
-    target: TargetInfo
-    sha: str | None = None
-    package: str | None = None
-    # The id may start with the builtin prefix (megatron-lm-); loading it then needs
-    # MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS too. A builtin's own id is refused regardless.
-    allow_builtin_prefix: bool = False
-
-    @property
-    def package_name(self) -> str:
-        return self.package or f"{self.id.replace('-', '_')}_backport"
-
-    @property
-    def distribution(self) -> str:
-        return self.package_name.replace("_", "-")
-
-    @property
-    def folder(self) -> str:
-        return self.id.replace("-", "_")
-
-    @property
-    def vendored_module(self) -> str:
-        return self.target.module.rpartition(".")[2]
-
-
 def _check_prefix(scaffold: Scaffold) -> None:
     """A plugin never takes a builtin's id, nor the builtin prefix unasked: the loader would
     withhold it (see plugins)."""
@@ -280,15 +226,27 @@ def _check_prefix(scaffold: Scaffold) -> None:
 
 
 def _check(scaffold: Scaffold) -> None:
+    """Every value lands in Python, TOML and Markdown: one that is not plainly what its flag
+    names is refused (blamed on that flag), never written."""
     if not _ID.fullmatch(scaffold.id):
-        raise BackportError(f"--id must be lowercase words joined by '-', not {scaffold.id!r}")
-    _check_prefix(scaffold)
+        raise BackportError(
+            f"--id must be lowercase words joined by '-', starting with a letter "
+            f"(acme-9999), not {scaffold.id!r}"
+        )
     if scaffold.pr <= 0:
         raise BackportError(f"--pr must be a positive pull-request number, not {scaffold.pr}")
     if scaffold.sha is not None and not _SHA.fullmatch(scaffold.sha):
-        raise BackportError(f"--sha must be 4 to 40 lowercase hex digits, not {scaffold.sha!r}")
-    if not scaffold.package_name.isidentifier():
-        raise BackportError(f"--package must be a Python name, not {scaffold.package_name!r}")
+        raise BackportError(
+            f"--sha must be the full commit SHA (40 lowercase hex digits), not {scaffold.sha!r}"
+        )
+    why = unsafe_text(scaffold.repo) if scaffold.repo.strip() else "nothing"
+    if why is not None:
+        raise BackportError(f"--repo {scaffold.repo!r} holds {why}: give a URL or a path")
+    if scaffold.package is not None and not (
+        scaffold.package.isidentifier() and scaffold.package.isascii()
+    ):
+        raise BackportError(f"--package must be a Python name, not {scaffold.package!r}")
+    _check_prefix(scaffold)
     if scaffold.dest.exists() or scaffold.dest.is_symlink():
         raise BackportError(f"{scaffold.dest} exists: `backports new` never overwrites")
 
@@ -299,8 +257,6 @@ def _toml(value: str) -> str:
 
 def _files(s: Scaffold) -> dict[str, str]:
     """Relative path -> text, the vendored folder's hashes not yet filled in."""
-    from . import _scaffold_templates as t  # the long texts, kept apart from the logic
-
     values = t.values(s)
     vendor = f"{s.package_name}/vendor/{s.folder}"
     return {
@@ -320,8 +276,7 @@ def _upstream_toml(s: Scaffold, folder: Path) -> str:
     lines = [
         "# Provenance of the vendored code in this folder (megatron-backports reads it).",
         "# After editing the vendored file, record its hashes again:",
-        f"#   python tools/sync_upstream.py --vendor-dir {s.package_name}/vendor "
-        f"--backport {s.id} --rehash",
+        f"#   backports sync --vendor-dir {s.package_name}/vendor --backport {s.id} --rehash",
         f"id = {_toml(s.id)}",
         f"repo = {_toml(s.repo)}",
         f"pr = {s.pr}",

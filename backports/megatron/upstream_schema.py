@@ -12,18 +12,66 @@ handwritten folder of an open pull request (no ``merge_sha``) whose head is not 
 """
 
 import re
+import tomllib
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["manifest_problems", "symbols"]
+from .errors import BackportError
+
+__all__ = [
+    "ManifestError",
+    "manifest_problems",
+    "parse_upstream",
+    "render_upstream",
+    "symbols",
+]
+
+FILE_NAME = "UPSTREAM.toml"
+# Written by a sync or --rehash: a folder being set up may not have them yet.
+HASHES = ("sha256", "files_sha256")
+
+
+class ManifestError(BackportError):
+    """An ``UPSTREAM.toml`` that cannot be read, or that breaks the schema."""
+
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
-_SHA = re.compile(r"[0-9a-f]{4,40}")
+_PATH = re.compile(r"(?:[A-Za-z0-9_.-]+/)*[A-Za-z0-9_.-]+\.py")
+_SHA = re.compile(r"[0-9a-f]{40}")
 ORIGINS = ("handwritten", "synced")
 
 
 def _text(value: Any) -> str | None:
     return None if isinstance(value, str) and value.strip() else "a non-empty string"
+
+
+# Characters that would end a Python comment, string or TOML string early, or open a
+# str.format field: a value written into generated code never holds one.
+UNSAFE_CHARS = frozenset("\"'\\{}`")
+
+
+def unsafe_text(value: str) -> str | None:
+    """Why ``value`` may not be written into generated code or a comment, or None."""
+    if any(not ch.isprintable() for ch in value):
+        return "a control character (a newline, a tab, ...)"
+    bad = sorted({ch for ch in value if ch in UNSAFE_CHARS})
+    return f"{' '.join(bad)}" if bad else None
+
+
+def _plain(value: Any) -> str | None:
+    """A non-empty string that is safe in a comment, a string literal and a format text."""
+    if _text(value) is not None:
+        return _text(value)
+    return (
+        None
+        if unsafe_text(value) is None
+        else "a plain string (no quotes, backslashes, braces or control characters)"
+    )
+
+
+def _source_path(value: Any) -> str | None:
+    ok = isinstance(value, str) and bool(_PATH.fullmatch(value)) and ".." not in value.split("/")
+    return None if ok else "a relative path of a .py file in the repository (path/to/module.py)"
 
 
 def _pattern(pattern: re.Pattern[str], what: str) -> Callable[[Any], str | None]:
@@ -65,18 +113,46 @@ def _names(value: Any) -> str | None:
     return None if ok else "a list of Python names"
 
 
+def _decorator_table(value: Any) -> str | None:
+    ok = isinstance(value, dict) and all(
+        _symbol(k) is None
+        and isinstance(v, list)
+        and all(isinstance(d, str) and d.strip() and d.isprintable() for d in v)
+        for k, v in value.items()
+    )
+    return None if ok else "a table of symbol = [decorator texts]"
+
+
+def _path_table(value: Any) -> str | None:
+    ok = isinstance(value, dict) and all(
+        _symbol(k) is None and _source_path(v) is None for k, v in value.items()
+    )
+    return None if ok else "a table of symbol = path/to/module.py"
+
+
 def _origin(value: Any) -> str | None:
     return None if value in ORIGINS else f"one of {', '.join(map(repr, ORIGINS))}"
 
 
 _HEX = _pattern(_HEX64, "a sha256 (64 lowercase hex digits)")
-_COMMIT = _pattern(_SHA, "a commit SHA (4 to 40 lowercase hex digits)")
+_COMMIT = _pattern(_SHA, "a full commit SHA (40 lowercase hex digits; a short one is ambiguous)")
+_NODE_ID = re.compile(r"(?:[A-Za-z0-9_.-]+/)*[A-Za-z0-9_.-]+\.py(?:::[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _node_ids(value: Any) -> str | None:
+    ok = (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(v, str) and _NODE_ID.fullmatch(v) and ".." not in v for v in value)
+    )
+    return None if ok else "a list of pytest node ids (path/test_x.py[::Class][::test])"
+
 
 REQUIRED: dict[str, Callable[[Any], str | None]] = {
     "id": _text,
-    "repo": _text,
+    "repo": _plain,
     "pr": _positive_int,
-    "path": _text,
+    "path": _source_path,
     "symbol": _symbol,
     "file": _file_name,
     "sha256": _HEX,
@@ -86,25 +162,32 @@ REQUIRED: dict[str, Callable[[Any], str | None]] = {
 OPTIONAL: dict[str, Callable[[Any], str | None]] = {
     "head_sha": _COMMIT,  # required, except in a handwritten folder (see the module doc)
     "merge_sha": _COMMIT,  # absent while the pull request is open
-    "moved_path": _text,
+    "moved_path": _source_path,
     "origin_note": _text,
     "reads": _names,
     "synced_sha": _COMMIT,
-    "synced_path": _text,
-    "synced_repo": _text,
+    "synced_path": _source_path,
     "synced_date": _text,
     "upstream_sha256": _HEX,
+    "upstream_tests": _node_ids,  # upstream's own tests of the fix, in its repository
+    # Upstream's decorators of each vendored method, as written (left off the vendored body:
+    # the applier decorates it with the live one, as the catalog's Target says).
+    "decorators": _decorator_table,
+    "carry": _names,  # module state vendored with the targets (a ContextVar, a helper)
+    "symbol_paths": _path_table,  # a symbol or carried name -> its file, when not ``path``
 }
 
 
-def manifest_problems(data: dict[str, Any]) -> list[str]:
+def manifest_problems(data: dict[str, Any], *, hashes_required: bool = True) -> list[str]:
     """What is wrong with a parsed ``UPSTREAM.toml``, one phrase per key; [] when valid.
 
-    Unknown keys are allowed: a newer sync tool may write more.
+    Unknown keys are allowed: a newer sync tool may write more. ``hashes_required=False``
+    (a sync about to write them) lets ``sha256`` and ``files_sha256`` be missing.
     """
     if not data:
         return ["it is empty"]
-    problems = [f"{key} is missing" for key in REQUIRED if key not in data]
+    optional = () if hashes_required else HASHES
+    problems = [f"{key} is missing" for key in REQUIRED if key not in data and key not in optional]
     open_and_handwritten = data.get("origin") == "handwritten" and "merge_sha" not in data
     if "head_sha" not in data and not open_and_handwritten:
         problems.append(
@@ -123,3 +206,40 @@ def symbols(data: dict[str, Any]) -> list[str]:
     """``symbol`` of a valid manifest as a list (one name, or several in target order)."""
     value = data["symbol"]
     return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def parse_upstream(text: str, where: str, *, hashes_required: bool = True) -> dict[str, Any]:
+    """The one reader of ``UPSTREAM.toml`` (the probe's and the sync's): its text parsed
+    and checked against the schema; a ``ManifestError`` in one line naming ``where``."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(f"cannot read {where}: {exc}") from exc
+    problems = manifest_problems(data, hashes_required=hashes_required)
+    if problems:
+        raise ManifestError(f"{where} is not a valid {FILE_NAME}: {'; '.join(problems)}")
+    return data
+
+
+def render_upstream(old_text: str, data: dict[str, Any]) -> str:
+    """The one writer: ``data`` written over the old ``UPSTREAM.toml`` text with tomlkit
+    (every value a TOML literal; comments and key order stay, keys ``data`` drops go, new
+    keys follow in ``data``'s order). Refuses data the schema refuses."""
+    problems = manifest_problems(data, hashes_required=False)
+    if problems:
+        raise ManifestError(f"refusing to write an invalid {FILE_NAME}: {'; '.join(problems)}")
+    try:
+        import tomlkit
+    except ImportError as exc:
+        raise ManifestError(
+            f"writing {FILE_NAME} needs tomlkit: pip install 'megatron-backports[git]'"
+        ) from exc
+    document = tomlkit.parse(old_text) if old_text else tomlkit.document()
+    for key in [key for key in document if key not in data]:
+        del document[key]
+    for key, value in data.items():
+        document[key] = value
+    text = tomlkit.dumps(document)
+    if tomllib.loads(text) != data:
+        raise ManifestError(f"internal error: the {FILE_NAME} written would not read back")
+    return text

@@ -2,16 +2,17 @@
 
 import hashlib
 import importlib
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.resources import files
 from importlib.resources.abc import Traversable
+from types import ModuleType
 from typing import Any
 
 from .errors import BackportError
-from .model import VendoredRef
-from .upstream_schema import manifest_problems
+from .local_changes import wrap_all
+from .model import BackportSpec, VendoredRef
+from .upstream_schema import parse_upstream
 
 __all__ = [
     "Integrity",
@@ -19,6 +20,8 @@ __all__ = [
     "load_replacement",
     "python_files_digest",
     "read_upstream",
+    "replacement_functions",
+    "vendored_module",
 ]
 
 _MANIFEST = "UPSTREAM.toml"
@@ -28,13 +31,10 @@ def read_upstream(ref: VendoredRef) -> dict[str, Any]:
     """The vendored package's ``UPSTREAM.toml`` as a dict, its schema checked."""
     manifest = files(ref.package) / _MANIFEST
     try:
-        data = tomllib.loads(manifest.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+        text = manifest.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
         raise BackportError(f"cannot read {ref.package}/{_MANIFEST}: {exc}") from exc
-    problems = manifest_problems(data)
-    if problems:
-        raise BackportError(f"{manifest} is not a valid {_MANIFEST}: {'; '.join(problems)}")
-    return data
+    return parse_upstream(text, str(manifest))
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def python_files_digest(folder: Traversable) -> str:
     """One sha256 over every ``*.py`` file directly in ``folder`` (what an import can load).
 
     Per file, sorted by name: ``name``, a NUL, the file's sha256 in hex, a newline. A
-    ``pathlib.Path`` is a ``Traversable`` too, so tools/sync_upstream.py hashes a source
+    ``pathlib.Path`` is a ``Traversable`` too, so ``backports sync`` hashes a source
     tree with the very function the probe uses on the installed package.
     """
     lines = sorted(
@@ -95,17 +95,44 @@ def check_integrity(ref: VendoredRef, upstream: dict[str, Any]) -> Integrity:
     )
 
 
+def vendored_module(ref: VendoredRef) -> ModuleType:
+    """The vendored module ``ref`` names, imported."""
+    return importlib.import_module(f"{ref.package}.{ref.module}")
+
+
+def _replacement_in(module: ModuleType, target_module: str | None, name: str) -> Callable[..., Any]:
+    """``module``'s function ``name``; with ``target_module``, the vendored module reads its
+    globals from that module at call time."""
+    if target_module is not None:
+        setattr(module, "__target_module__", target_module)  # noqa: B010 (a dunder by name)
+    function = getattr(module, name)
+    if not callable(function):
+        raise BackportError(f"{module.__name__}.{name} is not callable")
+    return function  # type: ignore[no-any-return]
+
+
 def load_replacement(
     ref: VendoredRef, target_module: str | None, attribute: str | None = None
 ) -> Callable[..., Any]:
     """The vendored function ``attribute`` (default: ``ref.attribute``); with
     ``target_module``, the vendored module reads its globals from that module at call time
     (a multi-target entry binds it to its first target's module)."""
-    module = importlib.import_module(f"{ref.package}.{ref.module}")
-    if target_module is not None:
-        setattr(module, "__target_module__", target_module)  # noqa: B010 (a dunder by name)
-    name = attribute or ref.attribute
-    function = getattr(module, name)
-    if not callable(function):
-        raise BackportError(f"{module.__name__}.{name} is not callable")
-    return function  # type: ignore[no-any-return]
+    return _replacement_in(vendored_module(ref), target_module, attribute or ref.attribute)
+
+
+def replacement_functions(
+    spec: BackportSpec, module: ModuleType, target_module: str, *, upstream_only: bool
+) -> list[Callable[..., Any]]:
+    """What replaces each target, in catalog order, before any decorator: ``module``'s
+    function for each target, the first one wrapped in the entry's local changes unless
+    ``upstream_only``. ``module`` reads its globals from ``target_module`` (the first
+    target's defining module). The applier installs these; the probe sniffs them."""
+    functions = []
+    for index, target in enumerate(spec.targets):
+        function = _replacement_in(
+            module, target_module if index == 0 else None, target.replacement_name
+        )
+        if index == 0 and not upstream_only:
+            function = wrap_all(function, spec.local_changes)
+        functions.append(function)
+    return functions

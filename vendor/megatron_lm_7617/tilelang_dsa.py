@@ -1,6 +1,6 @@
 # Vendored for megatron-backports; see UPSTREAM.toml beside this file.
 # repo:   https://github.com/NVIDIA/Megatron-LM
-# pr:     7617 (head 3d07347, merged as f77f360)
+# pr:     7617 (head 3d07347181ae6d34ab7d381b586a81b39a2e6c23; merge SHA unverified)
 # path:   megatron/core/transformer/experimental_attention_variant/ops/tilelang_dsa.py
 # symbol: fused_sparse_mla_absorbed
 # origin: handwritten in this repository from the pull request's described behaviour and

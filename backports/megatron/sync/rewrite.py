@@ -5,7 +5,7 @@ the module-global names it reads at call time are replaced, in place, by
 ``_live_target().NAME``, so the vendored copy sees the target module's current kernel and
 helpers. Names the vendored module imports itself (``torch``, ``typing`` names), builtins
 and the function's own locals are left alone. No git and no file system here:
-``tools/sync_upstream.py`` is the command line around it.
+``backports sync`` (``commands.py``) is the step around it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ import ast
 import builtins
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from ..upstream_schema import unsafe_text
+from .errors import RewriteError, SourceError, SyncError
 
 __all__ = [
     "LIVE_TARGET",
@@ -39,18 +42,6 @@ _MODULE_DUNDERS = frozenset({"__name__", "__doc__", "__spec__", "__loader__", "_
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 _SCOPES = (*_FUNCTIONS, ast.Lambda, ast.ClassDef, *_COMPREHENSIONS)
-
-
-class SyncError(Exception):
-    """Base of every error the sync tool reports (exit status 2, nothing written)."""
-
-
-class SourceError(SyncError):
-    """The upstream source does not hold the symbol as a usable top-level function."""
-
-
-class RewriteError(SyncError):
-    """The function cannot be vendored with live look-ups, or the result is broken."""
 
 
 # --- scopes -------------------------------------------------------------------------------
@@ -404,6 +395,19 @@ class Provenance:
     # Where upstream plans to move the module (UPSTREAM.toml's ``moved_path``), or None.
     moved_path: str | None = None
 
+    def __post_init__(self) -> None:
+        # Each value lands in a comment, a docstring or a string literal of generated code:
+        # one that could end it early is refused, never written (it came from a manifest
+        # or a flag, not from this tool).
+        fields = {"repo": self.repo, "pr": str(self.pr), "sha": self.sha, "path": self.path}
+        fields.update(symbol=self.symbol, moved_path=self.moved_path or "x")
+        for name, value in fields.items():
+            why = unsafe_text(value)
+            if why is not None:
+                raise RewriteError(f"{name} {value!r} holds {why}: refusing to write it into code")
+        if not all(part.isidentifier() for part in self.target_module.split(".")):
+            raise RewriteError(f"target module {self.target_module!r} is not a dotted Python name")
+
 
 def render_vendored(source: str, symbol: str, provenance: Provenance) -> Vendored:
     """Vendor ``symbol`` from the upstream module ``source``; raises a ``SyncError``."""
@@ -475,6 +479,7 @@ def _module_text(
     body = (
         "\n\n# The module whose globals the function reads. The applier rebinds it to the module\n"
         f"# that really defines the function{move}.\n"
+        # A dotted Python name (checked by Provenance): safe between double quotes.
         f'__target_module__ = "{p.target_module}"\n\n'
         "# Module globals of the target that the function reads at call time.\n"
         f"__reads__ = (\n{reads_text})\n\n\n"

@@ -1,0 +1,126 @@
+"""The command line of a sync: ``backports sync`` and ``tools/sync_upstream.py`` (its wrapper).
+
+    backports sync --backport megatron-lm-7617 --pr 7617             # the PR's head
+    backports sync --backport megatron-lm-7617 --sha SHA --repo ../Megatron-LM
+    backports sync --backport megatron-lm-7617 --rehash               # handwritten folder
+    backports sync --check
+    backports sync --vendor-dir ../acme-backport/acme_backport/vendor --backport acme-7617 --pr 7617
+
+Exit status: 0 done (or nothing to do), 1 refused (the commit's code does not show the
+fix) or ``--check`` found drift, 2 an error or an interruption, reported in one line on
+stderr (the vendored files are then the old ones, unless the line says otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .commands import check, rehash, sync
+from .errors import Refused, SyncError
+
+__all__ = ["add_arguments", "default_vendor_dir", "main", "run"]
+
+EXIT_DONE, EXIT_REFUSED, EXIT_ERROR = 0, 1, 2
+DESCRIPTION = (
+    "Refresh vendor/<backport>/ (or a plugin's, --vendor-dir) from an upstream commit "
+    "(--backport with --sha, --pr or both), record the hashes of a handwritten folder "
+    "(--rehash), or check for drift (--check)."
+)
+EPILOG = "exit status: 0 done, 1 refused (no fix at that commit) or drift, 2 an error"
+
+
+def default_vendor_dir() -> Path:
+    """This installation's own vendored folders: ``vendor/`` of the checkout an editable
+    install points at, else the installed ``backports.megatron._vendor``."""
+    checkout = Path(__file__).resolve().parents[3] / "vendor"
+    if checkout.is_dir():
+        return checkout
+    spec = importlib.util.find_spec("backports.megatron._vendor")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    return Path(locations[0]) if locations else checkout
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backport", help="backport id, e.g. megatron-lm-7617")
+    parser.add_argument(
+        "--sha", help="upstream commit, 40 hex digits (default with --pr: the PR's head)"
+    )
+    parser.add_argument("--repo", help="URL or local path (default: repo in UPSTREAM.toml)")
+    parser.add_argument(
+        "--pr", type=int, help="fetch refs/pull/PR/head; alone, sync that head commit"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="write the commit's code even if it does not show the fix (the probe then "
+        "says incompatible)",
+    )
+    parser.add_argument(
+        "--rehash",
+        action="store_true",
+        help="record sha256 and files_sha256 of a handwritten folder as it is",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="verify sha256 and files_sha256 only, no network"
+    )
+    parser.add_argument(
+        "--vendor-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the folder holding the <id>/ folders (default: this installation's vendor/; "
+        "a plugin's: <package>/vendor)",
+    )
+
+
+def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    vendor = args.vendor_dir if args.vendor_dir is not None else default_vendor_dir()
+    fetching = [flag for flag in ("sha", "repo", "pr") if getattr(args, flag) is not None]
+    if args.check:
+        if fetching or args.dry_run or args.rehash or args.force:
+            parser.error("--check takes only --backport")
+        return check(vendor, args.backport)
+    if args.backport is None:
+        parser.error("a sync needs --backport and --sha or --pr (or use --check)")
+    if args.rehash:
+        if fetching or args.force:
+            parser.error("--rehash takes only --backport and --dry-run")
+        return rehash(vendor, args.backport, args.dry_run)
+    if args.sha is None and args.pr is None:
+        parser.error("a sync needs --backport and --sha or --pr (or use --check)")
+    return sync(vendor, args.backport, args.sha, args.repo, args.pr, args.dry_run, force=args.force)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Run parsed arguments; every failure is one line on stderr, never a traceback."""
+    code = EXIT_ERROR
+    try:
+        return _dispatch(parser, args)
+    except Refused as exc:
+        message, code = str(exc), EXIT_REFUSED
+    except SyncError as exc:
+        message = str(exc)
+    except KeyboardInterrupt:
+        message = "interrupted; nothing written"
+    except OSError as exc:
+        message = f"{exc}; nothing written"
+    except Exception as exc:  # a bug: still one line, never a traceback
+        message = f"unexpected {type(exc).__name__}: {exc}"
+    kind = "refused" if code == EXIT_REFUSED else "error"
+    print(f"{parser.prog}: {kind}: {_one_line(message)}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "backports sync") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG)
+    add_arguments(parser)
+    return run(parser, parser.parse_args(argv))

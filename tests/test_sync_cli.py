@@ -1,0 +1,52 @@
+"""``backports sync``: the installed command, its exit codes, and its tools/ wrapper."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from backports.megatron import cli
+from backports.megatron.errors import BackportError
+from backports.megatron.sync import errors as sync_errors
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_backports_sync_checks_the_vendored_folders(capsys) -> None:
+    assert cli.main(["sync", "--check"]) == 0
+    assert "vendored folder(s) match their UPSTREAM.toml" in capsys.readouterr().out
+
+
+def test_backports_sync_reports_an_error_in_one_line_with_exit_2(capsys) -> None:
+    assert cli.main(["sync", "--backport", "no-such-one", "--sha", "a" * 40]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("backports sync: error: unknown backport 'no-such-one'")
+    assert "\n" not in err
+
+
+def test_every_sync_error_is_a_backport_error() -> None:
+    for name in sync_errors.__all__:
+        assert issubclass(getattr(sync_errors, name), BackportError), name
+
+
+def test_the_tool_is_a_thin_wrapper_of_the_installed_sync() -> None:
+    tree = ast.parse((ROOT / "tools" / "sync_upstream.py").read_text())
+    defs = [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
+    assert defs == ["main"]
+    run = subprocess.run(
+        [sys.executable, "tools/sync_upstream.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+
+
+def test_scaffold_templates_do_not_import_the_scaffold() -> None:
+    path = ROOT / "backports" / "megatron" / "_scaffold_templates.py"
+    tree = ast.parse(path.read_text())
+    imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    assert "scaffold" not in imported
