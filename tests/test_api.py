@@ -200,8 +200,8 @@ def test_a_parent_warning_with_another_reason_does_not_silence_this_one(tilelang
     monkeypatch.setenv("MEGATRON_BACKPORTS_SAID", said)  # a child of the process that warned
     real = api.probe
 
-    def other_reason(spec):
-        result = real(spec)
+    def other_reason(spec, *args, **kwargs):
+        result = real(spec, *args, **kwargs)
         result.reason += " (and a newer sniff says more)"
         return result
 

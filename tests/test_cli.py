@@ -387,3 +387,71 @@ def test_python_m_backports_megatron_runs_the_cli():
     assert done.returncode == 0
     for command in ("status", "apply", "revert", "audit"):
         assert command in done.stdout
+
+
+# ---- the exit status never depends on the pipe (issue 27.5) ----------------------------------
+
+# A fresh interpreter whose one backport fails check without importing megatron: #7091 with
+# a target module that does not exist, where megatron-core 0.19.2 should have it ("absent"
+# from a version that should have it: the patch would do nothing).
+_FAILING_CHECK = """
+import dataclasses, sys
+from backports.megatron import catalog, cli
+spec = catalog.MEGATRON_LM_7091
+target = dataclasses.replace(spec.target, modules=("backports_no_such_module",))
+catalog.CATALOG = (dataclasses.replace(spec, targets=(target,)),)
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def _failing_check(*args: str, stdout: int | None) -> subprocess.Popen[str]:
+    command = [sys.executable, "-c", _FAILING_CHECK, "check", "--only", "megatron-lm-7091"]
+    return subprocess.Popen(
+        [*command, *args],
+        env=_scrubbed_env(),
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _scrubbed_env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_BACKPORTS")}
+
+
+def test_check_fails_the_same_into_a_file_or_dev_null(tmp_path: Path) -> None:
+    """The control: `backports check > /dev/null` exits 1, as into a file."""
+    for target in (subprocess.DEVNULL, None):
+        with open(tmp_path / "out.txt", "w") as out:
+            child = _failing_check(stdout=out.fileno() if target is None else target)
+            _, err = child.communicate(timeout=120)
+        assert child.returncode == 1, err
+    text = (tmp_path / "out.txt").read_text()
+    assert "FAIL" in text and "check: 1 of 1 failed: megatron-lm-7091" in text
+
+
+@pytest.mark.parametrize("json_flag", [(), ("--json",)], ids=["table", "json"])
+def test_a_reader_that_hangs_up_never_changes_checks_exit_status(
+    json_flag: tuple[str, ...],
+) -> None:
+    """`backports check | true` and `check --json | head -1`: the reader is gone before the
+    first write (EPIPE on it); check still exits 1, with no traceback."""
+    child = _failing_check(*json_flag, stdout=subprocess.PIPE)
+    assert child.stdout is not None
+    child.stdout.close()
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 1, err
+    assert "Traceback" not in err and "Broken pipe" not in err
+
+
+def test_a_reader_that_reads_one_line_never_changes_checks_exit_status() -> None:
+    """`check --json | head -1` as the shell runs it: one line read, then the pipe closed."""
+    child = _failing_check("--json", stdout=subprocess.PIPE)
+    assert child.stdout is not None
+    assert child.stdout.readline().strip()
+    child.stdout.close()
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == 1, err
+    assert "Traceback" not in err

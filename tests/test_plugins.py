@@ -330,7 +330,10 @@ from backports.megatron.catalog import SniffResult
 FIXED = {fixed}
 
 def sniff(targets):
-    return SniffResult(fixed=FIXED, summary=f"acme's sniff says fixed={{FIXED}}")
+    # The vendored replacement (sniffed too) has the fix; megatron's own function: FIXED.
+    installed = (targets[0].original.__module__ or "").startswith("megatron.")
+    fixed = FIXED if installed else True
+    return SniffResult(fixed=fixed, summary=f"acme's sniff says fixed={{fixed}}")
 
 VALUE = dataclasses.replace(MEGATRON_LM_7617, id="acme-up", sniff=sniff)
 """
@@ -515,7 +518,8 @@ def test_json_output_stays_json_whatever_a_sniff_puts_in_its_detail(
 
     def sniff(targets):
         detail = {"obj": Opaque(), "ids": {3}, "nan": float("nan"), 7: b"raw"}
-        return SniffResult(fixed=False, summary="odd detail", detail=detail)
+        installed = (targets[0].original.__module__ or "").startswith("megatron.")
+        return SniffResult(fixed=not installed, summary="odd detail", detail=detail)
 
     VALUE = dataclasses.replace(MEGATRON_LM_7617, id="acme-odd-json", sniff=sniff)
     """

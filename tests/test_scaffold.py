@@ -9,14 +9,30 @@ tests/test_plugin_install.py's (slow: a throwaway venv).
 
 import ast
 import hashlib
+import importlib
+import json
+import sys
 import tomllib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from backports.megatron import cli
+from backports.megatron import (
+    Action,
+    BackportWarning,
+    Verdict,
+    api,
+    apply,
+    catalog,
+    cli,
+    patcher,
+    revert,
+)
+from backports.megatron.catalog import BackportSpec
 from backports.megatron.scaffold import read_target
 from backports.megatron.upstream_schema import manifest_problems
+from tests.test_plugin_install import OBSERVE
 from tests.test_vendored import documented_digest
 
 DIVIDE = "megatron.core.utils:divide"
@@ -210,3 +226,83 @@ def test_an_id_that_is_no_python_name_is_blamed_on_id(
     assert cli.main([*args, "--target", DIVIDE, "--dest", str(tmp_path / "p")]) == 2
     err = capsys.readouterr().err
     assert "--id must be" in err and "--package" not in err
+
+
+# ---- an unfinished scaffold never passes check, and is never installed (issue 27.5) ---------
+
+UNFINISHED = "acme-9998"
+UNFINISHED_PACKAGE = "acme_9998_backport"
+
+
+@pytest.fixture
+def scaffolded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[bool], BackportSpec]]:
+    """``scaffolded(sniff_written)``: ``backports new`` output for ``divide``, registered as
+    an installed plugin is (a dist-info with its entry point, on sys.path); its vendored
+    function is the template's stub. With ``sniff_written`` the sniff is filled in (as
+    tests/test_plugin_install.py writes it), so only the replacement is unfinished."""
+    root = tmp_path / "plugin"
+    catalog.reload()
+
+    def make(sniff_written: bool) -> BackportSpec:
+        argv = ["new", "--id", UNFINISHED, "--pr", "9998", "--repo", "https://github.com/o/r.git"]
+        assert cli.main([*argv, "--target", DIVIDE, "--dest", str(root)]) == 0
+        if sniff_written:
+            entry = root / UNFINISHED_PACKAGE / "entry.py"
+            text = entry.read_text()
+            start, end = text.index("def _observe("), text.index("def _sniff(")
+            entry.write_text(text[:start] + OBSERVE + "\n\n" + text[end:])
+        info = root / "acme_9998_backport-0.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            "Metadata-Version: 2.1\nName: acme-9998-backport\nVersion: 0.1\n"
+        )
+        (info / "entry_points.txt").write_text(
+            f"[megatron_backports]\n{UNFINISHED} = {UNFINISHED_PACKAGE}.entry:SPEC\n"
+        )
+        sys.path.insert(0, str(root))
+        importlib.invalidate_caches()
+        catalog.reload()
+        return catalog.by_id(UNFINISHED)
+
+    yield make
+    revert()  # while the plugin's entry is still in the catalog
+    if str(root) in sys.path:
+        sys.path.remove(str(root))
+    importlib.invalidate_caches()
+    catalog.reload()
+    for name in [n for n in sys.modules if n.split(".")[0] == UNFINISHED_PACKAGE]:
+        del sys.modules[name]
+
+
+@pytest.mark.parametrize("sniff_written", [True, False], ids=["stub-replacement", "untouched"])
+def test_an_unfinished_scaffold_fails_check_and_is_never_installed(
+    scaffolded: Callable[[bool], BackportSpec],
+    sniff_written: bool,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    spec = scaffolded(sniff_written)
+    utils = importlib.import_module("megatron.core.utils")
+    original = utils.divide
+    with pytest.warns(BackportWarning, match="unfinished"):
+        (report,) = apply(UNFINISHED)
+    assert (report.verdict, report.action) == (Verdict.INCOMPATIBLE, Action.SKIPPED)
+    capsys.readouterr()
+    code = cli.main(["check", "--json", "--only", UNFINISHED])
+    out, err = capsys.readouterr()
+    (row,) = json.loads(out)
+    assert code == 1 and f"check: 1 of 1 failed: {UNFINISHED}" in err
+    assert (row["verdict"], row["check"]["ok"]) == ("incompatible", False)
+    why = row["check"]["why"]
+    assert why.startswith("unfinished, write it: ") and "\n" not in why
+    if sniff_written:  # the sniff says 0.19.2 lacks the fix; the stub cannot show it
+        # (a sniff that catches what the function raises: the stub is found by its text)
+        assert "vendor/acme_9998 is unfinished: divide is a stub: its body only raises " in why
+    else:
+        assert "the entry is unfinished: its sniff raised NotImplementedError" in why
+    # What the start-up hook runs at the target's import: it installs nothing either.
+    api._watch_target(spec, strict=False, upstream_only=False)
+    api._on_target_import(utils)
+    assert patcher.installed(UNFINISHED) is None
+    assert utils.divide is original

@@ -31,9 +31,9 @@ def probes(monkeypatch) -> list[str]:
     calls: list[str] = []
     real = api.probe
 
-    def counting(spec):
+    def counting(spec, *args, **kwargs):
         calls.append(spec.id)
-        return real(spec)
+        return real(spec, *args, **kwargs)
 
     monkeypatch.setattr(api, "probe", counting)
     return calls
@@ -106,6 +106,53 @@ def test_a_corrupt_or_foreign_entry_is_ignored_and_replaced(tilelang_dsa, cache,
     assert report.action is Action.INSTALLED and report.evidence["cache"]["hit"] is False
     assert probes == [BACKPORT_ID, BACKPORT_ID]
     assert _entry(cache)["verdict"] == "needed"  # a sound entry again
+
+
+def test_a_needed_verdict_carries_the_sniff_on_the_vendored_code(tilelang_dsa, cache, probes):
+    apply(BACKPORT_ID, upstream_only=False)
+    shown = _entry(cache)["evidence"]["vendored_behaviour"]
+    assert shown["local-changes"]["fixed"] is True and shown["upstream-only"]["fixed"] is True
+    revert(BACKPORT_ID)
+    (again,) = apply(BACKPORT_ID, upstream_only=True)  # proved for both modes: reused
+    assert again.evidence["cache"]["hit"] is True and probes == [BACKPORT_ID]
+
+
+@pytest.mark.parametrize(
+    "unproven",
+    [
+        lambda evidence: {k: v for k, v in evidence.items() if k != "vendored_behaviour"},
+        lambda evidence: {**evidence, "vendored_behaviour": {"upstream-only": {"fixed": True}}},
+        lambda evidence: {
+            **evidence,
+            "vendored_behaviour": {
+                "upstream-only": {"fixed": False},
+                "local-changes": {"fixed": True},
+            },
+        },
+    ],
+    ids=["without-the-sniff", "upstream-only-proved", "upstream-only-unfixed"],
+)
+def test_a_needed_verdict_not_proved_for_the_mode_is_probed_again(
+    tilelang_dsa, cache, probes, unproven
+):
+    """A file of format 1, or one an upstream-only process wrote, never stands for a
+    default-mode install: its vendored code was not sniffed with the local changes."""
+    apply(BACKPORT_ID, upstream_only=False)
+    revert(BACKPORT_ID)
+    path = cache / f"{BACKPORT_ID}.json"
+    entry = _entry(cache)
+    path.write_text(json.dumps({**entry, "evidence": unproven(entry["evidence"])}))
+    (report,) = apply(BACKPORT_ID, upstream_only=False)
+    assert report.action is Action.INSTALLED and report.evidence["cache"]["hit"] is False
+    assert probes == [BACKPORT_ID, BACKPORT_ID]
+
+
+def test_an_upstream_only_proof_stands_for_upstream_only(tilelang_dsa, cache, probes):
+    apply(BACKPORT_ID, upstream_only=True)
+    revert(BACKPORT_ID)
+    assert list(_entry(cache)["evidence"]["vendored_behaviour"]) == ["upstream-only"]
+    (report,) = apply(BACKPORT_ID, upstream_only=True)
+    assert report.evidence["cache"]["hit"] is True and probes == [BACKPORT_ID]
 
 
 def test_off_reads_and_writes_nothing(tilelang_dsa, cache, monkeypatch):

@@ -12,7 +12,15 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
-from . import compiled_code, once_per_job, patcher, post_import, switches, verdict_cache
+from . import (
+    compiled_code,
+    once_per_job,
+    patcher,
+    post_import,
+    switches,
+    vendored_sniff,
+    verdict_cache,
+)
 from .catalog import entries, select, select_withheld, source
 from .errors import BackportError, BackportWarning
 from .model import BackportSpec
@@ -39,8 +47,9 @@ ENV_ENABLE = switches.ENABLE
 ENV_SKIP = switches.SKIP
 ENV_UPSTREAM_ONLY = switches.UPSTREAM_ONLY
 
-UPSTREAM_ONLY = "upstream-only"  # the two modes an installed backport runs in
-WITH_LOCAL_CHANGES = "local-changes"
+# The two modes an installed backport runs in: "upstream-only", "local-changes".
+UPSTREAM_ONLY = vendored_sniff.UPSTREAM_ONLY
+WITH_LOCAL_CHANGES = vendored_sniff.WITH_LOCAL_CHANGES
 
 _LOG = logging.getLogger("backports.megatron")
 _SKIPPED = (Verdict.UPSTREAM, Verdict.INCOMPATIBLE, Verdict.ABSENT)
@@ -115,7 +124,7 @@ def mode_evidence(spec: BackportSpec, upstream_only: bool) -> dict[str, object]:
 
 
 def _mode(upstream_only: bool) -> str:
-    return UPSTREAM_ONLY if upstream_only else WITH_LOCAL_CHANGES
+    return vendored_sniff.mode_name(upstream_only)
 
 
 # Appended to the reason of a backport that runs (or would run) upstream's code alone.
@@ -226,14 +235,15 @@ def _dropped_compiled_code(
     return note
 
 
-def _probe_with_cache(spec: BackportSpec) -> ProbeResult:
+def _probe_with_cache(spec: BackportSpec, upstream_only: bool) -> ProbeResult:
     """``probe(spec)``, or the verdict a process of this environment proved for the very same
-    files and code (``verdict_cache``); a verdict probed here is kept for the next process."""
+    files and code (``verdict_cache``); a verdict probed here is kept for the next process.
+    ``upstream_only``: the mode it is to install in (its vendored code is sniffed in it)."""
     if not verdict_cache.enabled():
-        return probe(spec)
+        return probe(spec, upstream_only)
     try:
         key = verdict_cache.fingerprint(spec)
-        hit = None if key is None else verdict_cache.load(spec, key)
+        hit = None if key is None else verdict_cache.load(spec, key, upstream_only=upstream_only)
         found = [find_loaded_target(target, spec.id) for target in spec.targets]
         loaded = tuple(t for t in found if t is not None)
         if len(loaded) != len(found):
@@ -245,7 +255,7 @@ def _probe_with_cache(spec: BackportSpec) -> ProbeResult:
         stored, path = hit
         evidence = {**stored["evidence"], "cache": {"hit": True, "file": str(path)}}
         return ProbeResult(Verdict(stored["verdict"]), stored["reason"], evidence, loaded)
-    result = probe(spec)
+    result = probe(spec, upstream_only)
     # Kept only if the probe judged the very functions the key describes (it may import a
     # module of a newer layout that the key did not see).
     judged = [t.original for t in result.targets]
@@ -285,7 +295,7 @@ def _on_target_import(module: ModuleType) -> None:
     installed in it."""
     with patcher.lock(), one_look():
         due = _waiting_for(module.__name__)
-        decided = [(spec, _probe_with_cache(spec), mode) for spec, _, mode in due]
+        decided = [(spec, _probe_with_cache(spec, mode), mode) for spec, _, mode in due]
         strict = {spec.id for spec, is_strict, _ in due if is_strict}
         refused = [d for d in decided if d[0].id in strict and d[1].verdict is Verdict.INCOMPATIBLE]
         reports = _settle(refused or decided)
@@ -353,7 +363,9 @@ def _apply_early(spec: BackportSpec, strict: bool, upstream_only: bool) -> Repor
 def _install_loaded(specs: list[BackportSpec], strict: bool, upstream_only: bool) -> list[Report]:
     """Probe backports whose targets are loaded, install the needed ones together, and
     watch each installed one for a re-import of its target."""
-    reports = _settle([(spec, _probe_with_cache(spec), upstream_only) for spec in specs])
+    reports = _settle(
+        [(spec, _probe_with_cache(spec, upstream_only), upstream_only) for spec in specs]
+    )
     for spec, report in zip(specs, reports, strict=True):
         if report.action is Action.INSTALLED:
             _watch_target(spec, strict, upstream_only)
@@ -463,15 +475,15 @@ def _status_one(spec: BackportSpec) -> Report:
     reason = disabled_reason(spec)
     if reason is not None:
         return Report(spec.id, Verdict.DISABLED, Action.WOULD_SKIP, reason)
-    result = probe(spec)
     mode = installed_mode(spec.id)
+    upstream_only = upstream_only_requested() if mode is None else mode == UPSTREAM_ONLY
+    result = probe(spec, upstream_only)
     if mode is not None:
         action = Action.ALREADY_INSTALLED
     elif result.verdict is Verdict.NEEDED:
         action = Action.WOULD_INSTALL
     else:
         action = Action.WOULD_SKIP
-    upstream_only = upstream_only_requested() if mode is None else mode == UPSTREAM_ONLY
     evidence = {**result.evidence, **mode_evidence(spec, upstream_only)}
     reason = result.reason + (_UPSTREAM_ONLY_NOTE if upstream_only else "")
     return Report(spec.id, result.verdict, action, reason, evidence)

@@ -4,7 +4,8 @@ A patch rots quietly: its fix lands upstream and the copy lives on, or a pin bum
 the target and the patch stops applying while CI stays green. ``judge`` turns each report
 into pass or fail so that ``backports check`` can make that a red CI run:
 
-- ``incompatible``: fails (the target is not what the vendored code was written for);
+- ``incompatible``: fails (the target is not what the vendored code was written for, or
+  the vendored code does not show the fix; "unfinished" for a scaffold's stub);
 - ``upstream``: fails (the fix landed: delete the backport);
 - ``absent``: passes only where the distribution predates the target (nothing to carry
   there); a target missing from a version that should have it, or a distribution that is
@@ -52,6 +53,14 @@ def _absent(spec: BackportSpec | None, probed: Report) -> Judgement:
     return Judgement(False, "the target is missing where it should exist: the patch does nothing")
 
 
+def _vendored_unfixed(probed: Report) -> bool:
+    """Whether the sniff on the vendored replacement (probe) did not show the fix."""
+    shown = probed.evidence.get("vendored_behaviour")
+    return isinstance(shown, dict) and any(
+        isinstance(mode, dict) and mode.get("fixed") is False for mode in shown.values()
+    )
+
+
 def _disabled(spec: BackportSpec | None, anyway: Report | None) -> Judgement:
     """A backport the environment turns off, judged on what its probe found anyway."""
     if anyway is None or anyway.verdict is Verdict.DISABLED:
@@ -75,6 +84,10 @@ def judge(
     disabled by ``MEGATRON_BACKPORTS_SKIP_PLUGINS``).
     """
     verdict = probed.verdict
+    if verdict is Verdict.INCOMPATIBLE and probed.evidence.get("unfinished"):
+        return Judgement(False, f"unfinished, write it: {probed.reason}")
+    if verdict is Verdict.INCOMPATIBLE and _vendored_unfixed(probed):
+        return Judgement(False, f"would install code without the fix: {probed.reason}")
     if verdict is Verdict.INCOMPATIBLE:
         return Judgement(False, f"does not fit, update or delete it: {probed.reason}")
     if verdict is Verdict.UPSTREAM:

@@ -4,7 +4,9 @@ Exit codes: 0 done; 1 a check failed (``--strict`` with an incompatible backport
 ``audit --fail-on-landed`` with a landed one, ``check`` with a backport that is
 incompatible, landed upstream, or not installed where it should be); 2 the command
 could not run (bad arguments, an unknown backport id, a hook folder that does not exist or cannot be
-written, a candidate that is not megatron-core or cannot be probed).
+written, a candidate that is not megatron-core or cannot be probed). A reader of stdout that
+hangs up early (`backports check | head -1`) changes none of them: output is dropped, the
+command runs to its own exit status.
 
 The command prints its own words: other packages' known import notices are hidden
 (``-v`` shows them), and a ``BackportWarning`` becomes a ``warning:`` line among the notes.
@@ -601,6 +603,63 @@ def _warnings_as_notes(notes: list[str]) -> Iterator[None]:
         yield
 
 
+class _ReaderGoneProof:
+    """stdout for one command: once the reader hangs up (EPIPE), what is written is dropped.
+
+    `backports check | true` or `check --json | head -1`: the reader has what it wanted, and
+    the command runs on to its own exit status; a BrokenPipeError raised from a print in
+    the middle of the command would otherwise decide it. The stream's file descriptor is
+    pointed at /dev/null, so the interpreter's last flush at exit has nowhere to fail.
+    """
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self.reader_gone = False
+
+    def write(self, text: str) -> int:
+        if not self.reader_gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._hang_up()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.reader_gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._hang_up()
+
+    def _hang_up(self) -> None:
+        self.reader_gone = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):  # no file descriptor (a test's capture): nothing to do
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def _stdout_outliving_its_reader() -> Iterator[None]:
+    stream = sys.stdout
+    if stream is None:  # no stdout at all (pythonw): print() writes nothing already
+        yield
+        return
+    sys.stdout = _ReaderGoneProof(stream)
+    try:
+        yield
+    finally:
+        try:
+            sys.stdout.flush()  # here, while a closed pipe is still dropped
+        finally:
+            sys.stdout = stream
+
+
 def _run(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     args.warning_notes = []
@@ -610,19 +669,14 @@ def _run(argv: Sequence[str] | None) -> int:
     with quiet, _warnings_as_notes(args.warning_notes):
         try:
             code = int(args.run(args))
-            sys.stdout.flush()  # here, so that a closed pipe is seen by main()
+            sys.stdout.flush()  # a full disk is the command's error (a gone reader is not)
             return code
-        except BrokenPipeError:
-            raise
         except (BackportError, OSError) as exc:
             print(f"backports: {exc}", file=sys.stderr)
             return _CANNOT_RUN
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
+    """The command's exit status: its own, whether or not the reader of stdout hung up."""
+    with _stdout_outliving_its_reader():
         return _run(argv)
-    except BrokenPipeError:
-        # `backports status | head -1`: the reader has what it wanted; not an error. (The
-        # failed flush dropped the buffer, so the interpreter's last flush has nothing left.)
-        return _OK

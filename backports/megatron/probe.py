@@ -7,11 +7,13 @@ from typing import Any
 
 from packaging.version import Version
 
+from . import switches
 from .git_ancestry import commit_ancestry
-from .model import BackportSpec, Target
+from .model import BackportSpec, SniffResult, Target
 from .report import Verdict
 from .targets import ResolvedTarget, TargetMissing, resolve_target
-from .vendored import Integrity, check_integrity, read_upstream
+from .vendored import Integrity, check_integrity, read_upstream, vendored_module
+from .vendored_sniff import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, folder_name, sniff_replacement
 from .versions import describe, installed_version, release_predates
 
 __all__ = ["ProbeResult", "probe", "probe_without_import"]
@@ -165,14 +167,22 @@ def _cross_checks(spec: BackportSpec, fixed: bool, evidence: dict[str, Any]) -> 
     return notes
 
 
-def probe(spec: BackportSpec) -> ProbeResult:
-    """Full probe: imports the target module and runs the behaviour sniff. Never raises."""
+def probe(spec: BackportSpec, upstream_only: bool | None = None) -> ProbeResult:
+    """Full probe: imports the target module and runs the behaviour sniff, on the installed
+    function and, where it lacks the fix, on the vendored replacement. Never raises.
+
+    ``upstream_only``: the mode the replacement would be installed in (default:
+    ``MEGATRON_BACKPORTS_UPSTREAM_ONLY``); the vendored code is sniffed in that mode and
+    alone.
+    """
     early = probe_without_import(spec)
     if early.final:
         return early
     evidence = early.evidence
+    if upstream_only is None:
+        upstream_only = switches.upstream_only()
     try:
-        return _probe_target(spec, evidence)
+        return _probe_target(spec, evidence, upstream_only)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
@@ -218,7 +228,7 @@ def _refusal(
     return None
 
 
-def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
+def _probe_target(spec: BackportSpec, evidence: dict[str, Any], upstream_only: bool) -> ProbeResult:
     targets = _resolve_all(spec)
     if isinstance(targets, str):
         return ProbeResult(Verdict.ABSENT, targets, evidence)
@@ -240,7 +250,12 @@ def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
         distribution=spec.target.distribution,
         package=evidence["distribution"]["package"],
     )
-    sniff = spec.sniff(targets)  # never writes the live modules or classes
+    try:
+        sniff = spec.sniff(targets)  # never writes the live modules or classes
+    except NotImplementedError as exc:  # a scaffold's skeleton: not a probe failure
+        evidence["unfinished"] = True
+        reason = f"the entry is unfinished: its sniff raised NotImplementedError: {exc}"
+        return ProbeResult(Verdict.INCOMPATIBLE, reason, evidence, targets)
     evidence["behaviour"] = {"fixed": sniff.fixed, **sniff.detail}
     notes = _cross_checks(spec, sniff.fixed, evidence)
     suffix = f" (disagrees: {'; '.join(notes)})" if notes else ""
@@ -250,5 +265,64 @@ def _probe_target(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
             f"{version} already has the fix: {sniff.summary}{suffix}. {spec.delete_when_landed}"
         )
         return ProbeResult(Verdict.UPSTREAM, reason, evidence, targets)
+    unproven = _vendored_unproven(spec, targets, upstream_only, evidence)
+    if unproven is not None:
+        return ProbeResult(Verdict.INCOMPATIBLE, unproven, evidence, targets)
     reason = f"{version} lacks the fix: {sniff.summary}{suffix}"
     return ProbeResult(Verdict.NEEDED, reason, evidence, targets)
+
+
+def _shown(result: SniffResult) -> dict[str, Any]:
+    """What the sniff on the vendored replacement showed, for the evidence (and the cache)."""
+    shown: dict[str, Any] = {"fixed": result.fixed, "summary": result.summary}
+    shown.update(
+        (key, result.detail[key])
+        for key in ("raised", "stub", "unfinished")
+        if key in result.detail
+    )
+    return shown
+
+
+def _vendored_unproven(
+    spec: BackportSpec,
+    targets: tuple[ResolvedTarget, ...],
+    upstream_only: bool,
+    evidence: dict[str, Any],
+) -> str | None:
+    """Why the replacement the applier would install is not shown to carry the fix, or None.
+
+    Sniffed in the mode in force and upstream-only alone: #7617's local changes pre-pad
+    width-512 inputs, so composed with them a vendored function without the fix would pass.
+    Recorded per mode in ``evidence["vendored_behaviour"]`` (a cached ``needed`` verdict
+    must carry it: see verdict_cache).
+    """
+    folder = folder_name(spec)
+    try:
+        module = vendored_module(spec.vendored)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+        evidence["vendored_behaviour"] = {"import_error": error}
+        return f"{folder} cannot be imported: {error}"
+    alone = sniff_replacement(spec, module, upstream_only=True, targets=targets)
+    composed: SniffResult | None = None  # the default mode's, when it is in force
+    if not upstream_only:
+        composed = alone  # no local changes: the same function
+        if spec.local_changes:
+            composed = sniff_replacement(spec, module, upstream_only=False, targets=targets)
+    shown = {WITH_LOCAL_CHANGES: composed, UPSTREAM_ONLY: alone}
+    evidence["vendored_behaviour"] = {
+        mode: _shown(result) for mode, result in shown.items() if result is not None
+    }
+    if alone.detail.get("unfinished"):
+        evidence["unfinished"] = True
+        return f"{folder} is unfinished: {alone.summary}"
+    if not alone.fixed:
+        hidden = (
+            " (with the local changes it passes: they hide it)"
+            if composed is not None and composed.fixed
+            else ""
+        )
+        return f"{folder} lacks the fix, upstream-only: {alone.summary}{hidden}"
+    if composed is not None and not composed.fixed:
+        return f"{folder} with the local changes does not show the fix: {composed.summary}"
+    return None

@@ -17,9 +17,11 @@ the vendored function given those globals in the local changes, then calls that.
 vendored function then sees exactly what it sees when the sniff runs on it alone.
 """
 
+import ast
 import builtins
 import contextlib
 import inspect
+import textwrap
 import types
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -31,7 +33,14 @@ from .private_globals import with_globals
 from .targets import ResolvedTarget, resolve_target
 from .vendored import replacement_functions
 
-__all__ = ["folder_name", "sniff_replacement"]
+__all__ = ["UPSTREAM_ONLY", "WITH_LOCAL_CHANGES", "folder_name", "mode_name", "sniff_replacement"]
+
+UPSTREAM_ONLY = "upstream-only"  # the two modes an installed backport runs in
+WITH_LOCAL_CHANGES = "local-changes"
+
+
+def mode_name(upstream_only: bool) -> str:
+    return UPSTREAM_ONLY if upstream_only else WITH_LOCAL_CHANGES
 
 
 def folder_name(spec: BackportSpec) -> str:
@@ -52,13 +61,22 @@ def sniff_replacement(
     entry's local changes, as the default mode installs it. ``targets``: the resolved live
     targets in catalog order (default: resolved here, importing their modules). Never
     raises: an exception (from resolving, building or the sniff) is "not shown fixed", named
-    in the summary; ``detail["unfinished"]`` says it was ``NotImplementedError`` (a
-    scaffold's template).
+    in the summary. ``detail["unfinished"]``: a replacement is a stub (its body only raises
+    ``NotImplementedError``, as ``backports new`` leaves it; the sniff is not run), or the
+    sniff raised ``NotImplementedError``.
     """
     try:
         resolved = tuple(targets) if targets is not None else _resolve(spec)
-        stand_ins = _stand_ins(spec, vendored_module, resolved, upstream_only)
-        result = spec.sniff(stand_ins)
+        functions = replacement_functions(
+            spec, vendored_module, resolved[0].module_name, upstream_only=True
+        )
+        stub = next((function for function in functions if _is_stub(function)), None)
+        if stub is not None:
+            # Known without running it, even by a sniff that catches what it calls raises.
+            name = getattr(stub, "__qualname__", repr(stub))
+            summary = f"{name} is a stub: its body only raises NotImplementedError"
+            return SniffResult(False, summary, {"stub": name, "unfinished": True})
+        result = spec.sniff(_stand_ins(spec, functions, resolved, upstream_only))
         if not isinstance(result, SniffResult):
             raise TypeError(f"the sniff returned {type(result).__name__}, not a SniffResult")
     except Exception as exc:
@@ -73,14 +91,37 @@ def _resolve(spec: BackportSpec) -> tuple[ResolvedTarget, ...]:
     return tuple(resolve_target(target, spec.id) for target in spec.targets)
 
 
+def _is_stub(function: Callable[..., Any]) -> bool:
+    """Whether ``function``'s body (past a docstring) is one ``raise NotImplementedError``,
+    as ``backports new`` writes the replacement it leaves to the author."""
+    code = getattr(function, "__code__", None)
+    if code is None or "NotImplementedError" not in code.co_names:
+        return False  # the common case, decided without reading the source
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    definition = tree.body[0] if tree.body else None
+    if not isinstance(definition, ast.FunctionDef | ast.AsyncFunctionDef):
+        return False
+    body = definition.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    if len(body) != 1 or not isinstance(body[0], ast.Raise):
+        return False
+    raised = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
+    return isinstance(raised, ast.Name) and raised.id == "NotImplementedError"
+
+
 def _stand_ins(
     spec: BackportSpec,
-    module: types.ModuleType,
+    functions: list[Callable[..., Any]],
     targets: tuple[ResolvedTarget, ...],
     upstream_only: bool,
 ) -> tuple[ResolvedTarget, ...]:
-    """Each live target with ``original`` the undecorated replacement the applier makes."""
-    functions = replacement_functions(spec, module, targets[0].module_name, upstream_only=True)
+    """Each live target with ``original`` the undecorated replacement the applier makes
+    (``functions``: the vendored ones alone, in catalog order)."""
+    functions = list(functions)
     if not upstream_only and spec.local_changes:
         functions[0] = _sniffable_composition(functions[0], spec)
     return tuple(

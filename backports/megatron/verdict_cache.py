@@ -20,7 +20,9 @@ the module's own function, or not a file of the installed distribution (a source
 or an editable install, whose other files RECORD does not follow) means: probe as before
 (and store the new verdict where it can be kept). Only the
 verdicts the behaviour sniff decides (``needed``, ``upstream``) are kept: a failure may be
-passing, and cheap verdicts need no cache.
+passing, and cheap verdicts need no cache. A ``needed`` verdict is reused only if its
+evidence shows the vendored replacement sniffed fixed in the mode asked for and upstream-only
+alone (``vendored_behaviour``, see probe): one proved in the other mode is probed again.
 
 Where: ``MEGATRON_BACKPORTS_CACHE_DIR`` if set, else ``<sys.prefix>/var/cache/
 megatron-backports`` (the venv's own), else, where that cannot be written, the user cache
@@ -54,13 +56,16 @@ from .errors import BackportWarning
 from .model import BackportSpec, Target
 from .one_look import remembered
 from .targets import find_loaded_target
+from .vendored_sniff import UPSTREAM_ONLY, WITH_LOCAL_CHANGES
 from .versions import installed_distribution
 
 __all__ = ["CACHE", "CACHE_DIR", "FORMAT", "enabled", "fingerprint", "load", "locations", "store"]
 
 CACHE = "MEGATRON_BACKPORTS_CACHE"  # off: never read or write the cache
 CACHE_DIR = "MEGATRON_BACKPORTS_CACHE_DIR"  # where the cache lives (default: see above)
-FORMAT = 1  # bump when the file layout or the key's meaning changes
+# Bump when the file layout or the key's meaning changes. 2: a ``needed`` verdict carries
+# the sniff on the vendored replacement (files of 1 were proved without it).
+FORMAT = 2
 KEPT = ("needed", "upstream")
 MAX_BYTES = 1 << 20  # an entry is a few kB; anything larger is not one of ours
 
@@ -326,8 +331,17 @@ def _read_entry(path: Path) -> object:
     return json.loads(b"".join(chunks).decode("utf-8"))
 
 
-def load(spec: BackportSpec, key: dict[str, Any]) -> tuple[dict[str, Any], Path] | None:
-    """The stored ``verdict``, ``reason`` and ``evidence`` for exactly this key, and the file."""
+def load(
+    spec: BackportSpec, key: dict[str, Any], *, upstream_only: bool | None = None
+) -> tuple[dict[str, Any], Path] | None:
+    """The stored ``verdict``, ``reason`` and ``evidence`` for exactly this key, and the file.
+
+    ``upstream_only``: the mode the backport is to install in (default:
+    ``MEGATRON_BACKPORTS_UPSTREAM_ONLY``); a ``needed`` verdict must have proved the vendored
+    replacement in it. Read from one folder only: the first location that works (``_home``).
+    """
+    if upstream_only is None:
+        upstream_only = switches.upstream_only()
     folder = _home()
     if folder is None:
         return None
@@ -339,7 +353,9 @@ def load(spec: BackportSpec, key: dict[str, Any]) -> tuple[dict[str, Any], Path]
     except (OSError, ValueError) as exc:  # unreadable, corrupt or refused: as if absent
         _LOG.debug("ignoring the verdict cache %s: %r", path, exc)
         return None
-    if _valid(entry) and isinstance(entry, dict) and entry["key"] == _digest(key):
+    if not (_valid(entry) and isinstance(entry, dict)):
+        return None
+    if entry["key"] == _digest(key) and _proves(entry, upstream_only):
         return {k: entry[k] for k in ("verdict", "reason", "evidence")}, path
     return None
 
@@ -352,6 +368,18 @@ def _valid(entry: object) -> bool:
         and entry.get("verdict") in KEPT
         and isinstance(entry.get("reason"), str)
         and isinstance(entry.get("evidence"), dict)
+    )
+
+
+def _proves(entry: dict[str, Any], upstream_only: bool) -> bool:
+    """Whether ``entry`` may stand for this mode: not ``needed``, or ``needed`` with the
+    vendored replacement sniffed fixed alone and, in the default mode, with local changes."""
+    if entry["verdict"] != "needed":
+        return True
+    shown = entry["evidence"].get("vendored_behaviour")
+    modes = [UPSTREAM_ONLY] if upstream_only else [UPSTREAM_ONLY, WITH_LOCAL_CHANGES]
+    return isinstance(shown, dict) and all(
+        isinstance(shown.get(mode), dict) and shown[mode].get("fixed") is True for mode in modes
     )
 
 
