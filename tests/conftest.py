@@ -1,8 +1,10 @@
 """Shared fixtures: the real megatron-core 0.19.2 module, a fake kernel, clean state."""
 
 import importlib
+import importlib.metadata
 from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -25,6 +27,57 @@ def fake_kernel(tilelang_dsa: ModuleType, monkeypatch: pytest.MonkeyPatch) -> Fa
     kernel = FakeSparseMLA()
     monkeypatch.setattr(tilelang_dsa, "SparseMLA", kernel)
     return kernel
+
+
+@pytest.fixture(scope="session")
+def _environment_plugins() -> frozenset[str]:
+    """Distributions installed in this environment that register catalog entries: a user's
+    plugin (``backports new`` tells its author to install it into the job's venv)."""
+    from packaging.utils import canonicalize_name
+
+    from backports.megatron.plugins import GROUP
+
+    return frozenset(
+        canonicalize_name(ep.dist.name)
+        for ep in importlib.metadata.entry_points(group=GROUP)
+        if ep.dist is not None
+    )
+
+
+@pytest.fixture(autouse=True)
+def _builtins_and_the_tests_own_plugins(
+    monkeypatch: pytest.MonkeyPatch, _environment_plugins: frozenset[str]
+) -> Iterator[None]:
+    """The catalog of each test: the builtins and the plugins the test makes itself.
+
+    The tests assert what the builtin entries do; a user's plugin installed in the same
+    venv (its stub sniff says ``incompatible``, its warnings add lines) is not theirs to
+    judge, so its entry points are hidden from them. tests/test_plugins.py builds its own.
+    """
+    if not _environment_plugins:
+        yield
+        return
+    from packaging.utils import canonicalize_name
+
+    from backports.megatron import catalog
+    from backports.megatron.plugins import GROUP
+
+    real = importlib.metadata.entry_points
+
+    def entry_points(**params: Any) -> importlib.metadata.EntryPoints:
+        found = real(**params)
+        if params.get("group") != GROUP:
+            return found
+        return importlib.metadata.EntryPoints(
+            ep
+            for ep in found
+            if ep.dist is None or canonicalize_name(ep.dist.name) not in _environment_plugins
+        )
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    catalog.reload()
+    yield
+    catalog.reload()
 
 
 @pytest.fixture(autouse=True)
@@ -77,3 +130,27 @@ def ids_installed_by_importing(module: str) -> list[str]:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300
     )
     return sorted(done.stdout.split())
+
+
+# ---- what the default selection leaves out (tools/run-tests without --all) -------------------
+
+_DESELECTED_SLOW: list[pytest.Item] = []
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    _DESELECTED_SLOW.extend(item for item in items if item.get_closest_marker("slow"))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    """Name the slow tests a ``-m "not slow"`` run left out, file by file: what was not run
+    is said, not hidden in a count."""
+    if not _DESELECTED_SLOW:
+        return
+    by_file: dict[str, list[str]] = {}
+    for item in _DESELECTED_SLOW:
+        path, _, name = item.nodeid.partition("::")
+        by_file.setdefault(path, []).append(name)
+    write = terminalreporter.write_line
+    write(f"not run: {len(_DESELECTED_SLOW)} slow tests (tools/run-tests --all runs them):")
+    for path, names in by_file.items():
+        write(f"  {path} ({len(names)}): {', '.join(names)}")

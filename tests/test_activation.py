@@ -110,7 +110,9 @@ def test_hook_installs_a_trigger_that_fires_once_on_megatron(fired):
     assert fired == [{"strict": True, "only": None}]
     spec.loader.exec_module(module)  # a re-import does not apply again
     assert fired == [{"strict": True, "only": None}]
-    assert not activation.active() and activation.triggers() == [trigger]  # inert, in place
+    # One finder: the post-import finder stood in the trigger's place at the lookup.
+    assert not activation.active() and activation.triggers() == []
+    assert trigger not in sys.meta_path
 
 
 def test_running_the_hook_twice_keeps_one_trigger(fired):
@@ -281,6 +283,8 @@ assert "plug_imports_megatron" in sys.modules, catalog.withheld()
 print("parallel_state:", megatron.core.parallel_state.__name__)
 one = sys.modules["megatron"] is megatron and megatron.core is sys.modules["megatron.core"]
 print("one megatron:", one)
+ours = [f for f in sys.meta_path if type(f).__module__.startswith("backports.megatron")]
+print("our finders:", len(ours))
 """
 
 
@@ -310,6 +314,7 @@ def test_a_plugin_that_imports_megatron_at_module_level_leaves_one_megatron(tmp_
     assert done.returncode == 0, done.stderr[-3000:]
     assert "parallel_state: megatron.core.parallel_state" in done.stdout
     assert "one megatron: True" in done.stdout
+    assert "our finders: 1" in done.stdout  # the post-import finder, in the trigger's place
 
 
 def test_the_hook_line_is_silent_where_our_package_cannot_be_imported(tmp_path):

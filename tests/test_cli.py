@@ -137,8 +137,10 @@ def test_apply_json_prints_reports_only(tilelang_dsa, capsys, tmp_path):
 
 def test_apply_warns_once_and_still_writes_the_hook(tilelang_dsa, monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
-    code, out, _ = _main(capsys, "apply", "--site-dir", str(tmp_path))
-    assert code == 0 and out.count("warning: megatron-backports:") == 1
+    code, out, err = _main(capsys, "apply", "--site-dir", str(tmp_path))
+    # Warnings go to stderr, the table's mode included: stdout stays the table and its notes.
+    assert code == 0 and err.count("warning: megatron-backports:") == 1
+    assert "warning:" not in out
     assert "upstream" in out.splitlines()[1] and activation.read_hook(tmp_path).current
 
 
@@ -281,12 +283,12 @@ def test_a_bad_switch_value_is_one_warning_line_among_the_notes(
     monkeypatch.setattr(switches, "_warned", set())
     monkeypatch.setenv("MEGATRON_BACKPORTS", "maybe")
     code, out, err = _main(capsys, "status", "--site-dir", str(tmp_path))
-    lines = [line for line in out.splitlines() if "MEGATRON_BACKPORTS='maybe'" in line]
+    lines = [line for line in err.splitlines() if "MEGATRON_BACKPORTS='maybe'" in line]
     assert lines == [
         "warning: megatron-backports: MEGATRON_BACKPORTS='maybe' is neither on (1, true, on, "
         "yes) nor off (0, false, off, no); using the default, on"
     ]
-    assert code == 0 and err == "" and "would-install" in out
+    assert code == 0 and "warning" not in out and "would-install" in out
 
 
 # ---- conventions ----------------------------------------------------------------------------
@@ -387,6 +389,37 @@ def test_python_m_backports_megatron_runs_the_cli():
     assert done.returncode == 0
     for command in ("status", "apply", "revert", "audit"):
         assert command in done.stdout
+
+
+def test_apply_probes_each_backport_once_and_reads_the_hook_file_once(
+    capsys, tmp_path, monkeypatch
+):
+    """The table is apply's own reports: no status() before it, and the hook file it
+    wrote is not read back (twice) to describe itself."""
+    from backports.megatron import api
+
+    probed: list[str] = []
+    real_probe = api.probe
+
+    def counting_probe(spec, *args, **kwargs):
+        probed.append(spec.id)
+        return real_probe(spec, *args, **kwargs)
+
+    reads: list[str] = []
+    real_read = Path.read_text
+
+    def counting_read(self, *args, **kwargs):
+        if self.name == activation.HOOK_FILE:
+            reads.append(str(self))
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(api, "probe", counting_probe)
+    monkeypatch.setattr(Path, "read_text", counting_read)
+    code, out, _ = _main(capsys, "apply", "--json", "--site-dir", str(tmp_path))
+    assert code == 0
+    ids = [row["id"] for row in json.loads(out)]
+    assert sorted(probed) == sorted(ids) and len(set(probed)) == len(probed)
+    assert len(reads) <= 1, reads  # a new file: none; an existing one: once, to compare
 
 
 # ---- the exit status never depends on the pipe (issue 27.5) ----------------------------------

@@ -115,7 +115,8 @@ def test_a_scaffolded_plugin_installs_applies_reverts_and_checks(tmp_path: Path)
     untouched = _pytest(env, root)
     print("generated tests, untouched:", untouched.stdout.strip().splitlines()[-1])
     assert untouched.returncode == 1, untouched.stdout
-    assert "4 failed, 2 passed" in untouched.stdout  # registered and head_sha set: the rest fail
+    # registered and head_sha set: the rest fail (the contract kit among them)
+    assert "5 failed, 2 passed" in untouched.stdout
 
     _fill_in(root)
     _install(env, root)
@@ -136,6 +137,8 @@ def test_a_scaffolded_plugin_installs_applies_reverts_and_checks(tmp_path: Path)
     assert (applied[ID]["action"], applied[ID]["source"]) == ("installed", f"{DIST} 0.1.0")
     fresh = json.loads(env.run(["python", "-c", PROBE_DIVIDE]).stdout)
     assert fresh == {"backport": ID, "raised": "ValueError"}  # the hook, in a new process
+    hooked = _pytest(env, root)  # the generated tests pass with the start-up hook there too
+    assert hooked.returncode == 0, hooked.stdout + hooked.stderr
 
     reverted = _json(env.run(["backports", "revert", "--json"]))
     assert reverted[ID]["action"] == "reverted"
@@ -154,6 +157,7 @@ def test_a_scaffolded_plugin_installs_applies_reverts_and_checks(tmp_path: Path)
     assert check.returncode == 1
     row = _json(check)[ID]
     assert row["check"]["ok"] is False and "edited" in row["reason"]
+    assert f"--backport {ID} --rehash" in row["reason"]  # handwritten: the fix, named
 
     skipped = env.run(["backports", "check"], extra_env={"MEGATRON_BACKPORTS_SKIP_PLUGINS": DIST})
     assert skipped.returncode == 0, skipped.stdout  # turned off, not imported

@@ -111,6 +111,33 @@ def test_the_entry_describes_what_the_installed_target_is(tmp_path: Path) -> Non
     assert "def divide(numerator, denominator):\n    raise NotImplementedError" in stub
 
 
+def _target_since(entry: Path) -> str:
+    tree = ast.parse(entry.read_text())
+    (call,) = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "BackportSpec"
+    ]
+    (since,) = [kw.value for kw in call.keywords if kw.arg == "target_since"]
+    assert isinstance(since, ast.Call)
+    return str(ast.literal_eval(since.args[0]))
+
+
+def test_target_since_is_asked_for_never_read_from_the_installed_version(tmp_path: Path) -> None:
+    # From 0.19.2 it would say 0.19, and `audit` of a 0.18 that has the target (with the
+    # same bug) would call it absent. Without --since: 0, the probe and the sniff decide.
+    assert new(tmp_path / "a", DIVIDE) == 0
+    assert _target_since(tmp_path / "a" / PACKAGE / "entry.py") == "0"
+    assert new(tmp_path / "b", DIVIDE, "--since", "0.15") == 0
+    assert _target_since(tmp_path / "b" / PACKAGE / "entry.py") == "0.15"
+
+
+def test_since_must_be_a_version(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        new(tmp_path / "c", DIVIDE, "--since", "soon")
+    assert exit_.value.code == 2 and "not a version: 'soon'" in capsys.readouterr().err
+
+
 def test_a_compiled_method_gets_its_decorator_and_self(tmp_path: Path) -> None:
     info = read_target(EXPERT_BIAS)
     assert info.module == "megatron.core.transformer.moe.router"

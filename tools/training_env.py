@@ -143,8 +143,12 @@ def _link_packages(site_packages: Path, only: set[str] | None = None) -> None:
                 link.symlink_to(entry, target_is_directory=entry.is_dir())
 
 
-def create(root: Path, *, install: bool = True, packages: str = "path-line") -> TrainingEnv:
+def create(
+    root: Path, *, install: bool = True, packages: str = "path-line", editable: bool = False
+) -> TrainingEnv:
     """A venv at ``root`` seeing this environment's packages, with this repo installed.
+
+    ``editable``: ``pip install -e`` of a copy of this repository (kept at ``root/src``).
 
     ``packages`` says how: ``"path-line"`` (a ``.pth`` line adds this environment's
     site-packages to ``sys.path``; their ``.pth`` files stay out), ``"linked"`` (each entry
@@ -170,13 +174,15 @@ def create(root: Path, *, install: bool = True, packages: str = "path-line") -> 
         done = env.run(
             [
                 "python", "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                "--no-build-isolation", "--ignore-installed", "--no-cache-dir", str(source),
+                "--no-build-isolation", "--ignore-installed", "--no-cache-dir",
+                *(["-e"] if editable else []), str(source),
             ],
             timeout=600,
         )  # fmt: skip
         if done.returncode != 0:
             raise RuntimeError(f"pip install failed:\n{done.stdout}\n{done.stderr}")
-        shutil.rmtree(source)
+        if not editable:
+            shutil.rmtree(source)
     return env
 
 

@@ -85,8 +85,9 @@ class _Trigger:
     """A ``sys.meta_path`` finder for the first import of a watched package (``megatron``):
     once that package has executed, ``activation.fire`` runs ``apply()``.
 
-    Once fired it stays in ``sys.meta_path``, inert: it runs while the import system
-    iterates that list, and removing an entry would skip the next one.
+    At that first lookup the post-import finder takes its place in ``sys.meta_path`` (same
+    index: removing an entry while the import system iterates the list would skip the next
+    one), so one finder serves the trigger and every backport's post-import hook.
     """
 
     __megatron_backports_trigger__ = True
@@ -106,7 +107,7 @@ class _Trigger:
         try:
             from .activation import fire_after_import
 
-            return fire_after_import(fullname, path, target, self.config)
+            return fire_after_import(fullname, path, target, self.config, self)
         except Exception as exc:
             self._failed(exc)
         return None

@@ -22,11 +22,10 @@ __all__ = [
 _INDENT = " " * 12  # the keyword arguments of Target(...) in ENTRY
 
 
-def _since(version: str | None) -> str:
-    """major.minor of the installed release: the author checks when the target appeared."""
-    if version is None:
-        return "0"
-    return ".".join(version.split(".")[:2])
+def _since(since: str | None) -> str:
+    """``--since``, as given; "0" without it. Never the installed version: a target that an
+    older release has too (with the same bug) would then read ``absent`` there."""
+    return since or "0"
 
 
 def _tuple(names: tuple[str, ...]) -> str:
@@ -67,7 +66,13 @@ def values(s: Scaffold) -> dict[str, str]:
             else ""
         ),
         "target_distribution": t.distribution,
-        "target_since": _since(t.version),
+        "target_since": _since(s.since),
+        "target_since_note": (
+            "# The first release that has the target at all (backports new --since)."
+            if s.since
+            else "# The first release that has the target at all: 0 until you know it (the\n"
+            "    # probe then finds the target or says absent, and the sniff decides)."
+        ),
         "installed": f"{t.distribution} {t.version}",
         "holders": _comment_list(t.holders),
         "header": t.header,
@@ -249,7 +254,7 @@ SPEC = BackportSpec(
             {decorator_note}decorator={decorator},
         ),
     ),
-    # The first release that has the target at all (scaffolded from the installed one).
+    {target_since_note}
     target_since=Version("{target_since}"),
     # The first release that carries the fix; None while none does.
     fixed_in=None,
@@ -278,7 +283,9 @@ import importlib
 import tomllib
 from importlib.resources import files
 
-from backports.megatron import applied, catalog, cli, status
+import pytest
+
+from backports.megatron import applied, catalog, cli, revert, status
 from backports.megatron.vendored import load_replacement
 
 from {package}.entry import SPEC, _is_fixed, _observe
@@ -286,6 +293,16 @@ from {package}.entry import SPEC, _is_fixed, _observe
 ID = "{id}"
 MODULE = "{target_module}"
 ATTRIBUTE = "{attribute}"
+
+
+@pytest.fixture(autouse=True)
+def _the_original_whether_or_not_the_hook_is_there():
+    """Where `backports apply` left its start-up hook, importing the target installed the
+    backport already: each test starts (and ends) with the original in place."""
+    importlib.import_module(MODULE)
+    revert(ID)
+    yield
+    revert(ID)
 
 
 def _bound():
@@ -326,4 +343,12 @@ def test_apply_installs_it_and_revert_restores_the_original():
 
 def test_backports_check_passes():
     assert cli.main(["check", "--only", ID]) == 0
+
+
+def test_the_contract_every_entry_passes():
+    """backports.megatron.testing's checks, the ones every builtin passes too."""
+    from backports.megatron.testing import CONTRACT
+
+    for check in CONTRACT:
+        check(SPEC)
 '''

@@ -85,11 +85,16 @@ def fire(config: dict[str, Any]) -> None:
 
 
 def fire_after_import(
-    name: str, path: Sequence[str] | None, target: ModuleType | None, config: dict[str, Any]
+    name: str,
+    path: Sequence[str] | None,
+    target: ModuleType | None,
+    config: dict[str, Any],
+    trigger: object = None,
 ) -> ModuleSpec | None:
     """``name``'s spec, whose loader runs ``fire(config)`` once the package has executed and
     sits in ``sys.modules``: a plugin that imports megatron then finds that very module.
-    None (nothing to watch) when no other finder finds ``name``."""
+    The post-import finder takes the ``trigger``'s place: one finder from here on. None
+    (nothing to watch) when no other finder finds ``name``."""
 
     def after_import(module: ModuleType) -> None:
         post_import.unregister(_FIRST_IMPORT)  # once: a re-import does not apply again
@@ -98,6 +103,7 @@ def fire_after_import(
         except Exception as exc:
             raise _StrictHookFailure(f"the strict start-up hook failed: {exc}") from exc
 
+    post_import.take_place_of(trigger)
     post_import.register(name, _FIRST_IMPORT, after_import)
     spec = post_import.watched_spec(name, path, target)
     if spec is None:
@@ -144,12 +150,35 @@ def _hook_line(packages: tuple[str, ...], config: dict[str, Any]) -> str:
     # and asking the finders for `backports` first keeps it silent in an interpreter that
     # reads this folder but cannot import us (a copied venv, `-I -S` + site.addsitedir).
     # The finders are already loaded: no import is added to every interpreter's start.
+    # An editable install also needs its .dist-info checked (see _still_installed).
     package = str(Path(__file__).with_name("__init__.py"))
     return (
         f"import os, sys; os.path.isfile({package!r}) and any(getattr(f, 'find_spec', None) "
-        "and f.find_spec('backports', None) for f in sys.meta_path) and "
+        f"and f.find_spec('backports', None) for f in sys.meta_path) and {_still_installed()}"
         f"__import__('backports.megatron', fromlist=['_start_up'])._start_up({packages!r}, "
         f"{config!r})\n"
+    )
+
+
+def _still_installed() -> str:
+    """For an editable install, the hook line's check that the distribution is still there.
+
+    ``pip uninstall`` of a wheel removes the package's files, so the ``__init__.py`` check
+    is enough. An editable install's files stay in the checkout while pip removes its
+    metadata and the finder that made the package importable: the import would then fail
+    with a traceback at every interpreter start. So, for one, the line also looks for our
+    ``.dist-info`` in the site dir that held it (any version: an upgrade keeps the hook).
+    """
+    try:
+        distribution = importlib.metadata.distribution("megatron-backports")
+    except importlib.metadata.PackageNotFoundError:
+        return ""  # run from a source tree: nothing else to check
+    site_dir = Path(str(distribution.locate_file(""))).resolve()
+    if Path(__file__).resolve().is_relative_to(site_dir):
+        return ""  # installed into the site dir: uninstalling removes __init__.py
+    return (
+        f"any(n.startswith('megatron_backports-') and n.endswith('.dist-info') "
+        f"for n in os.listdir({str(site_dir)!r})) and "
     )
 
 
@@ -239,9 +268,10 @@ def write_hook(
     """Write (or refresh) the hook file; returns its state and whether the file changed."""
     path = site_dir / HOOK_FILE
     text = hook_text(only, strict)
+    written = HookState(path, True, _parse(text))
     try:
         if same_hook(path.read_text(encoding="utf-8"), text):
-            return read_hook(site_dir), False
+            return written, False
     except FileNotFoundError:
         pass
     # Atomic: an interpreter starting meanwhile sees the old file or the new, never half.
@@ -254,7 +284,7 @@ def write_hook(
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return read_hook(site_dir), True
+    return written, True
 
 
 def remove_hook(site_dir: Path) -> tuple[HookState, bool]:

@@ -21,13 +21,13 @@ from . import (
     vendored_sniff,
     verdict_cache,
 )
-from .catalog import entries, select, select_withheld, source
+from .catalog import entries, select, select_withheld, source, withheld
 from .errors import BackportError, BackportWarning
 from .model import BackportSpec
 from .one_look import one_look
 from .probe import ProbeResult, probe, probe_without_import
 from .report import Action, Report, Verdict
-from .targets import all_loaded, find_loaded_target, live_decorator
+from .targets import all_loaded, find_loaded_target, live_decorator, resolve_target
 from .vendored import replacement_functions, vendored_module
 from .versions import describe
 
@@ -35,8 +35,10 @@ __all__ = [
     "applied",
     "apply",
     "disabled_reason",
+    "in_force",
     "is_deferred",
     "last_report",
+    "load_targets",
     "probe_ignoring_switches",
     "revert",
     "status",
@@ -379,6 +381,11 @@ def _selection(only: str | Iterable[str] | None) -> tuple[str, ...] | None:
     return (only,) if isinstance(only, str) else tuple(only)
 
 
+def _warn_unknown_skips() -> None:
+    known = [spec.id for spec in entries()] + [w.id for w in withheld()]
+    switches.warn_unknown_skips(known)
+
+
 def _withheld(only: tuple[str, ...] | None, action: Action) -> list[Report]:
     """One report per plugin (or id) the catalog withheld: it never reaches the probe."""
     return [
@@ -406,6 +413,7 @@ def apply(
     """
     upstream_only = upstream_only_requested(upstream_only)
     ids = _selection(only)
+    _warn_unknown_skips()
     with patcher.lock(), one_look():
         specs = select(ids)
         early = [_apply_early(spec, strict, upstream_only) for spec in specs]
@@ -428,6 +436,7 @@ def apply(
 def status(only: str | Iterable[str] | None = None) -> list[Report]:
     """Probe each backport and say what ``apply`` would do; changes nothing."""
     ids = _selection(only)
+    _warn_unknown_skips()
     with one_look():
         reports = _shadowed([_status_one(spec) for spec in select(ids)])
     return _sourced(reports) + _withheld(ids, Action.WOULD_SKIP)
@@ -487,6 +496,45 @@ def _status_one(spec: BackportSpec) -> Report:
     evidence = {**result.evidence, **mode_evidence(spec, upstream_only)}
     reason = result.reason + (_UPSTREAM_ONLY_NOTE if upstream_only else "")
     return Report(spec.id, result.verdict, action, reason, evidence)
+
+
+def load_targets(only: str | Iterable[str] | None = None) -> None:
+    """Import every module the selected backports patch, so that ``apply()`` probes and
+    installs now instead of deferring to their import (what ``backports apply`` and
+    ``check`` show is then the truth for this environment). A target that cannot be
+    found or imported is left for the probe to report."""
+    for spec in select(_selection(only)):
+        if disabled_reason(spec) is not None:
+            continue
+        for target in spec.targets:
+            try:
+                resolve_target(target, spec.id)
+            except Exception as exc:  # the probe says why, in the report
+                _LOG.debug("%s: %s not loaded: %r", spec.id, target.attribute, exc)
+
+
+def in_force(spec: BackportSpec) -> tuple[Verdict | None, str, dict[str, Any]]:
+    """What this process runs for ``spec``: (verdict, action, the evidence of a probe that
+    imports nothing), importing nothing megatron has not imported yet.
+
+    ``action``: "installed"; "skipped" (``apply()`` decided not to, or it is disabled);
+    "deferred" (installs when megatron's target is imported); "not-applied" (``apply()``
+    was not called). The verdict is None while nothing decided it and the target is not
+    imported: deciding would import it.
+    """
+    early = probe_without_import(spec)
+    last = last_report(spec.id)
+    if patcher.installed(spec.id) is not None:
+        return (last.verdict if last else Verdict.NEEDED), "installed", early.evidence
+    if last is not None:
+        return last.verdict, "skipped", early.evidence
+    if disabled_reason(spec) is not None:
+        return Verdict.DISABLED, "skipped", early.evidence
+    if early.final:
+        return early.verdict, "not-applied", early.evidence
+    if all_loaded(spec.targets, spec.id):
+        return probe(spec).verdict, "not-applied", early.evidence
+    return None, "deferred" if is_deferred(spec) else "not-applied", early.evidence
 
 
 def revert(only: str | Iterable[str] | None = None) -> list[Report]:

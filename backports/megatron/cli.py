@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import activation, import_notices, switches
-from .api import applied, apply, probe_ignoring_switches, revert, status
+from . import activation, import_notices, json_output, switches, table
+from .api import applied, apply, load_targets, probe_ignoring_switches, revert, status
 from .audit import audit, candidate_dir, outcome
 from .catalog import entries, select, source
 from .check import Judgement, judge
@@ -36,6 +36,7 @@ from .report import Action, Report, Verdict
 __all__ = ["main"]
 
 _OK, _CHECK_FAILED, _CANNOT_RUN = 0, 1, 2
+_FORMATS = ("table", "json", "json-object")
 _DISTRIBUTION = "megatron-backports"
 
 
@@ -66,15 +67,18 @@ _STATUS_COLUMNS = (_ID, _UPSTREAM, _CORE, _VERDICT, _ACTION, _SOURCE, _REASON)
 _AUDIT_COLUMNS = (_ID, _UPSTREAM, ("candidate", _core_version), _VERDICT, _OUTCOME, _REASON)
 
 
-def _table(reports: list[Report], columns: Sequence[Column]) -> str:
-    """Aligned columns; the last one (the reason) runs on unpadded."""
+# Left out first on a narrow terminal: what the id already says (upstream), what every row
+# shares (megatron-core, candidate), where the entry comes from (source).
+_OPTIONAL = ("source", "upstream", "megatron-core", "candidate")
+
+
+def _table(reports: list[Report], columns: Sequence[Column], layout: table.Layout) -> str:
+    """Aligned columns, fitted to ``layout``; the last one (the reason) runs on unpadded."""
     rows = [[title for title, _ in columns]]
     rows += [[cell(r) for _, cell in columns] for r in reports]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(columns) - 1)]
-    return "\n".join(
-        "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]])
-        for row in rows
-    )
+    titles = [title for title, _ in columns]
+    optional = [titles.index(title) for title in _OPTIONAL if title in titles]
+    return table.render(rows, layout, optional)
 
 
 def _jsonable(value: Any) -> Any:
@@ -97,22 +101,31 @@ def _emit(
     notes: list[str],
     columns: Sequence[Column] = _STATUS_COLUMNS,
     json_extra: Sequence[Column] = (),
+    summary: dict[str, Any] | None = None,
 ) -> None:
-    """Reports as JSON on stdout (notes on stderr), or a table and the notes on stdout.
+    """Reports as JSON or a table on stdout; warnings on stderr whatever the format.
 
     ``json_extra``: table columns that are no ``Report`` field, added to each JSON object.
+    The table's other notes (the hook, the summary) follow it on stdout; with JSON, stdout
+    holds the JSON alone and they go to stderr.
     """
-    notes = [*args.warning_notes, *notes]
-    if args.json:
-        data = [{**r.to_dict(), **{title: cell(r) for title, cell in json_extra}} for r in reports]
-        # Built whole before anything is written: never half a document on stdout.
-        sys.stdout.write(json.dumps(_jsonable(data), indent=2, allow_nan=False) + "\n")
+    warned = [*args.warning_notes, *(n for n in notes if n.startswith("warning:"))]
+    notes = [n for n in notes if not n.startswith("warning:")]
+    for note in warned:
+        print(note, file=sys.stderr)
+    if args.format == "table":
+        print(_table(reports, columns, table.layout_for(sys.stdout, full=args.verbose)))
         for note in notes:
-            print(note, file=sys.stderr)
+            print(note)
         return
-    print(_table(reports, columns))
+    data = [{**r.to_dict(), **{title: cell(r) for title, cell in json_extra}} for r in reports]
+    document: Any = data
+    if args.format == "json-object":
+        document = json_output.document(args.command, data, summary, notes, warned)
+    # Built whole before anything is written: never half a document on stdout.
+    sys.stdout.write(json.dumps(_jsonable(document), indent=2, allow_nan=False) + "\n")
     for note in notes:
-        print(note)
+        print(note, file=sys.stderr)
 
 
 # ---- the hook file, as the commands report it ------------------------------------------------
@@ -168,11 +181,26 @@ def _site_warning(site_dir: Path) -> list[str]:
     ]
 
 
+def _hook_installs_when(report: Report) -> str:
+    """Which import installs ``report``'s backport in a new process (not ``import megatron``:
+    the trigger patches when the module that defines each target is imported)."""
+    targets = report.evidence.get("targets") or [report.evidence.get("target") or {}]
+    modules = list(dict.fromkeys(str(t["module"]) for t in targets if t.get("module")))
+    if not modules:
+        return "the start-up hook installs it in each new process"
+    if len(modules) == 1:
+        return f"the start-up hook installs it in each new process that imports {modules[0]}"
+    return (
+        "the start-up hook installs it in each new process once it has imported "
+        f"{', '.join(modules[:-1])} and {modules[-1]}"
+    )
+
+
 def _with_hook(report: Report, hook: _Hook) -> Report:
     """``report`` with the hook's state in its evidence, and in its action where it applies."""
     evidence = {**report.evidence, "hook": hook.evidence(report.id)}
     if report.action is Action.WOULD_INSTALL and hook.applies(report.id):
-        reason = f"{report.reason}; the start-up hook installs it in each new process"
+        reason = f"{report.reason}; {_hook_installs_when(report)}"
         return replace(report, action=Action.ACTIVE_VIA_HOOK, reason=reason, evidence=evidence)
     return replace(report, evidence=evidence)
 
@@ -221,15 +249,18 @@ def _hook_selection(only: tuple[str, ...] | None) -> tuple[bool, tuple[str, ...]
     return bool(kept), kept, f"{switches.SKIP} names {', '.join(left_out)}"
 
 
-def _write_hook(args: argparse.Namespace, site_dir: Path) -> list[str]:
-    """Write the hook as this command's arguments and switches ask; notes on what it did."""
+def _write_hook(args: argparse.Namespace, site_dir: Path) -> tuple[list[str], _Hook]:
+    """Write the hook as this command's arguments and switches ask: notes on what it did,
+    and the hook as it now is (the file is read once)."""
     write, hook_only, why = _hook_selection(_only(args))
     if not write:
+        hook = _Hook.read(site_dir)
         note = f"hook: not written: every backport asked for is off ({why})"
-        earlier = activation.read_hook(site_dir)
-        if earlier.exists:
-            note += f"; {earlier.path} from an earlier apply stays (`backports revert` removes it)"
-        return [note]
+        if hook.state.exists:
+            note += (
+                f"; {hook.state.path} from an earlier apply stays (`backports revert` removes it)"
+            )
+        return [note], hook
     state, changed = activation.write_hook(site_dir, hook_only, args.strict)
     notes = [f"hook: {'wrote' if changed else 'unchanged:'} {state.path}"]
     if why:
@@ -237,7 +268,9 @@ def _write_hook(args: argparse.Namespace, site_dir: Path) -> list[str]:
             f"hook: leaves out what {why}: later processes do not apply it "
             "(to include it, rerun `backports apply` without the variable)"
         )
-    return notes + _site_warning(site_dir)
+    # What write_hook wrote (or found equal) is the current text: no second read.
+    hook = _Hook(state, True, activation.is_site_dir(site_dir))
+    return notes + _site_warning(site_dir), hook
 
 
 def _process_only_notes() -> list[str]:
@@ -253,9 +286,9 @@ def _process_only_notes() -> list[str]:
 def _cmd_apply(args: argparse.Namespace) -> int:
     site_dir = _site_dir(args)  # before any work: a mistyped folder is a usage error
     only = _only(args)
-    # status() imports the target module, so apply() below probes it and installs now
-    # instead of deferring: this output is the truth for this environment.
-    status(only)
+    # Imported first, the targets are probed once and installed now instead of deferred:
+    # this table (apply's own reports) is the truth for this environment.
+    load_targets(only)
     try:
         reports = apply(only, strict=args.strict)
     except BackportError as exc:
@@ -263,8 +296,8 @@ def _cmd_apply(args: argparse.Namespace) -> int:
             raise
         print(f"backports: {exc}; hook not written", file=sys.stderr)
         return _CHECK_FAILED
-    notes = _write_hook(args, site_dir) + _process_only_notes()
-    hook = _Hook.read(site_dir)
+    hook_notes, hook = _write_hook(args, site_dir)
+    notes = hook_notes + _process_only_notes()
     reports = [replace(r, evidence={**r.evidence, "hook": hook.evidence(r.id)}) for r in reports]
     _emit(args, reports, notes)
     return _OK
@@ -336,9 +369,13 @@ def _with_probe_anyway(report: Report, anyway: Report | None) -> Report:
 def _cmd_check(args: argparse.Namespace) -> int:
     only = _only(args)
     probed = status(only)  # imports the targets, so the apply below installs now
+    # The same action words as `status`: a backport the environment's hook installs says so.
+    hook = _Hook.read(activation.default_site_dir())
+    probed = [_with_hook(report, hook) for report in probed]
+    probing_warnings = len(args.warning_notes)  # a bad switch value, an unknown skipped id
     with applied(only) as done:  # and reverts on exit: check changes nothing
         installed = {r.id: r for r in done}
-    args.warning_notes.clear()  # apply's warnings repeat what the "why" column says
+    del args.warning_notes[probing_warnings:]  # apply's repeat what the "why" column says
     specs = {spec.id: spec for spec in entries()}  # a withheld plugin has none
     anyway = {
         r.id: probe_ignoring_switches(specs[r.id])
@@ -363,7 +400,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
         else f"check: all {len(probed)} backports ok"
     )
     columns = (_ID, _VERDICT, ("check", check_cell), ("why", why_cell))
-    _emit(args, probed, [summary], columns, json_extra=(("check", _check_json(verdicts)),))
+    totals = {"ok": not failed, "failed": failed}
+    extra = (("check", _check_json(verdicts)),)
+    _emit(args, probed, [summary], columns, json_extra=extra, summary=totals)
     return _CHECK_FAILED if failed else _OK
 
 
@@ -379,6 +418,7 @@ def _cmd_new(args: argparse.Namespace) -> int:
         target,
         args.sha,
         args.package,
+        args.since,
         args.allow_builtin_prefix,
     )
     written = scaffold.create(plan)
@@ -455,7 +495,20 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, help_text: str, run: Callable[[argparse.Namespace], int]) -> Any:
         sub = commands.add_parser(name, help=help_text, description=help_text)
         sub.set_defaults(run=run)
-        sub.add_argument("--json", action="store_true", help="print the reports as JSON")
+        formats = sub.add_mutually_exclusive_group()
+        formats.add_argument(
+            "--json",
+            dest="format",
+            action="store_const",
+            const="json",
+            help="print the reports as a JSON list (the same as --format json)",
+        )
+        formats.add_argument(
+            "--format",
+            choices=_FORMATS,
+            help="table (default: fitted to a terminal), json (a list of reports), or "
+            "json-object (schema_version, summary, reports, notes, warnings)",
+        )
         # SUPPRESS: `backports -v status` must not be reset by the subcommand's default.
         sub.add_argument(
             "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help
@@ -517,6 +570,15 @@ example:
 must not exist. See docs/adding-a-backport.md."""
 
 
+def _release(text: str) -> str:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return str(Version(text))
+    except InvalidVersion:
+        raise argparse.ArgumentTypeError(f"not a version: {text!r}") from None
+
+
 def _new_parser(commands: Any) -> None:
     help_text = "scaffold a plugin distribution that carries one upstream fix"
     sub = commands.add_parser(
@@ -526,7 +588,7 @@ def _new_parser(commands: Any) -> None:
         epilog=_NEW_EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub.set_defaults(run=_cmd_new, json=False)
+    sub.set_defaults(run=_cmd_new, format="table")
     sub.add_argument("--id", required=True, help="backport id, e.g. acme-9999")
     sub.add_argument("--pr", required=True, type=int, help="upstream pull-request number")
     sub.add_argument("--repo", required=True, metavar="URL", help="upstream repository")
@@ -534,6 +596,13 @@ def _new_parser(commands: Any) -> None:
     sub.add_argument("--dest", required=True, metavar="DIR", help="where to write (new folder)")
     sub.add_argument("--sha", help="the pull request's head commit (else set it later)")
     sub.add_argument("--package", help="import name (default: <id>_backport)")
+    sub.add_argument(
+        "--since",
+        metavar="VERSION",
+        type=_release,
+        help="the first release of the distribution that has the target (default: none "
+        "written, the probe and the sniff decide; never the installed version)",
+    )
     sub.add_argument(
         "--allow-builtin-prefix",
         action="store_true",
@@ -662,6 +731,8 @@ def _stdout_outliving_its_reader() -> Iterator[None]:
 
 def _run(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
+    args.format = getattr(args, "format", None) or "table"  # `new`, `sync`: no --json
+    args.json = args.format != "table"  # machine-readable: stdout holds the JSON alone
     args.warning_notes = []
     # This process decides explicitly; the environment's hook must not apply on its own.
     activation.deactivate()

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-__all__ = ["register", "registered", "unregister", "watched_spec"]
+__all__ = ["register", "registered", "take_place_of", "unregister", "watched_spec"]
 
 Callback = Callable[[ModuleType], None]
 
@@ -113,6 +113,16 @@ def watched_spec(
     """A registered module's spec as the other finders find it, its loader wrapped to run
     the callbacks: for the start-up trigger, which is asked first and hands the lookup on."""
     return _FINDER.find_spec(fullname, path, target)
+
+
+def take_place_of(finder: object) -> None:
+    """Stand where ``finder`` (the start-up trigger) stands in ``sys.meta_path``: one
+    finder for every post-import hook, never two in series. Same index, same length: an
+    import iterating the list meanwhile skips nothing."""
+    with _LOCK:
+        places = [i for i, found in enumerate(sys.meta_path) if found is finder]
+        if places and _FINDER not in sys.meta_path:
+            sys.meta_path[places[0]] = _FINDER
 
 
 def register(module_name: str, key: str, callback: Callback) -> None:

@@ -77,7 +77,7 @@ def probe_without_import(spec: BackportSpec) -> ProbeResult:
     others = _other_distributions(spec)
     if others:
         evidence["distributions"] = others
-    drift = _drift(integrity)
+    drift = _drift(integrity, _drift_fix(spec.id, str(upstream.get("origin") or "")))
     if drift is not None:
         return ProbeResult(Verdict.INCOMPATIBLE, drift, evidence)
     if installed.version is None:
@@ -108,8 +108,20 @@ def _other_distributions(spec: BackportSpec) -> dict[str, dict[str, str | None]]
     return others
 
 
-def _drift(integrity: Integrity) -> str | None:
-    """Why the vendored code is not what UPSTREAM.toml describes, or None.
+def _drift_fix(backport_id: str, origin: str) -> str:
+    """What puts a drifted folder right: a handwritten one's new hashes are recorded with
+    ``--rehash`` (there is no upstream text to sync); synced code is synced again."""
+    if origin == "handwritten":
+        return (
+            f"if the edit is meant, record its hashes: tools/sync_upstream.py --backport "
+            f"{backport_id} --rehash (with --vendor-dir DIR for a plugin's folder)"
+        )
+    return f"re-sync it (tools/sync_upstream.py --backport {backport_id}) or undo the edit"
+
+
+def _drift(integrity: Integrity, fix: str) -> str | None:
+    """Why the vendored code is not what UPSTREAM.toml describes, or None; ``fix`` says
+    what puts it right.
 
     The named file first, then every .py of the folder: the loader imports the module by
     name, which need not be the file UPSTREAM.toml names.
@@ -117,7 +129,7 @@ def _drift(integrity: Integrity) -> str | None:
     if not integrity.file_ok:
         return (
             f"vendored {integrity.file} has sha256 {integrity.actual[:12]}, UPSTREAM.toml says "
-            f"{integrity.expected[:12]}: it was edited without tools/sync_upstream.py"
+            f"{integrity.expected[:12]}: it was edited without tools/sync_upstream.py; {fix}"
         )
     if not integrity.files_expected:
         return (
@@ -129,7 +141,7 @@ def _drift(integrity: Integrity) -> str | None:
         return (
             f"vendored folder {integrity.folder} has files_sha256 {integrity.files_actual[:12]}, "
             f"UPSTREAM.toml says {integrity.files_expected[:12]}: a .py file in it was edited "
-            "without tools/sync_upstream.py"
+            f"without tools/sync_upstream.py; {fix}"
         )
     return None
 

@@ -6,10 +6,6 @@ from typing import Any
 from . import api
 from .catalog import entries, source, withheld
 from .model import BackportSpec
-from .patcher import installed
-from .probe import ProbeResult, probe, probe_without_import
-from .report import Verdict
-from .targets import all_loaded
 from .versions import installed_version
 
 __all__ = ["manifest"]
@@ -24,32 +20,14 @@ def _package_version() -> str | None:
         return None  # a source tree on sys.path
 
 
-def _decision(spec: BackportSpec, early: ProbeResult) -> tuple[Verdict | None, str]:
-    """(verdict, what this process did), importing nothing megatron has not imported yet."""
-    last = api.last_report(spec.id)
-    if installed(spec.id) is not None:
-        return (last.verdict if last else Verdict.NEEDED), "installed"
-    if last is not None:
-        return last.verdict, "skipped"
-    if api.disabled_reason(spec) is not None:
-        return Verdict.DISABLED, "skipped"
-    if early.final:
-        return early.verdict, "not-applied"
-    if all_loaded(spec.targets, spec.id):
-        return probe(spec).verdict, "not-applied"
-    # Deciding now would import megatron's target module: a manifest must not cost that.
-    return None, "deferred" if api.is_deferred(spec) else "not-applied"
-
-
 def _entry(spec: BackportSpec) -> dict[str, Any]:
-    early = probe_without_import(spec)
-    verdict, action = _decision(spec, early)
-    upstream = early.evidence.get("upstream", {})
+    verdict, action, evidence = api.in_force(spec)
+    upstream = evidence.get("upstream", {})
     return {
         "verdict": None if verdict is None else str(verdict),
         "action": action,
         "upstream": {key: upstream.get(key) for key in ("repo", "pr", "head_sha", "merge_sha")},
-        "vendored_sha256": early.evidence.get("vendored", {}).get("sha256"),
+        "vendored_sha256": evidence.get("vendored", {}).get("sha256"),
         "source": source(spec.id),
     }
 

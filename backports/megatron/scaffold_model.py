@@ -46,6 +46,7 @@ class Scaffold:
     target: TargetInfo
     sha: str | None = None
     package: str | None = None
+    since: str | None = None  # the first release with the target; None: "0", behaviour decides
     # The id may start with the builtin prefix (megatron-lm-); loading it then needs
     # MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS too. A builtin's own id is refused regardless.
     allow_builtin_prefix: bool = False

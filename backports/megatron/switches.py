@@ -17,7 +17,7 @@ Stdlib and ``errors`` only: the api, the CLI and ``audit`` read the switches thr
 import logging
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from .errors import BackportWarning
 
@@ -37,6 +37,7 @@ __all__ = [
     "skipped_ids",
     "skipped_plugins",
     "upstream_only",
+    "warn_unknown_skips",
 ]
 
 ENABLE = "MEGATRON_BACKPORTS"  # off: every backport is disabled
@@ -51,23 +52,43 @@ TRUE = frozenset({"1", "true", "on", "yes"})
 FALSE = frozenset({"0", "false", "off", "no"})
 
 _LOG = logging.getLogger("backports.megatron")
-_warned: set[tuple[str, str]] = set()
+_warned: set[str] = set()
 
 
 def _warn_once(name: str, raw: str, default: bool) -> None:
-    if (name, raw) in _warned:
-        return
-    _warned.add((name, raw))
     message = (
         f"megatron-backports: {name}={raw!r} is neither on (1, true, on, yes) nor off "
         f"(0, false, off, no); using the default, {'on' if default else 'off'}"
     )
+    _warn_once_per_job(f"{name}={raw}", message)
+
+
+def _warn_once_per_job(key: str, message: str) -> None:
+    if key in _warned:
+        return
+    _warned.add(key)
     from .once_per_job import claim  # here, not at the top: only a bad value needs it
 
-    if claim(f"{name}={raw}"):  # rank 0, and not again in the children of one that warned
-        warnings.warn(message, BackportWarning, stacklevel=2)
+    if claim(key):  # rank 0, and not again in the children of one that warned
+        warnings.warn(message, BackportWarning, stacklevel=3)
     else:
         _LOG.debug("%s", message)
+
+
+def warn_unknown_skips(known: Iterable[str], environ: Mapping[str, str] | None = None) -> None:
+    """One warning naming every id ``MEGATRON_BACKPORTS_SKIP`` names that no backport has.
+
+    A misspelt id would otherwise leave the backport it meant on, silently.
+    """
+    unknown = sorted(skipped_ids(environ) - set(known))
+    if not unknown:
+        return
+    listed = ", ".join(unknown)
+    _warn_once_per_job(
+        f"{SKIP}:{listed}",
+        f"megatron-backports: {SKIP} names no backport called {listed}: it turns nothing "
+        "off (`backports --help` lists the ids)",
+    )
 
 
 def flag(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
