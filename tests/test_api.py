@@ -16,6 +16,7 @@ from backports.megatron import (
     BackportError,
     BackportWarning,
     Verdict,
+    api,
     applied,
     apply,
     revert,
@@ -142,14 +143,19 @@ def test_a_warning_is_recorded_for_child_processes(tilelang_dsa, monkeypatch):
     with pytest.warns(BackportWarning, match="not applied"):
         apply()
     # What a spawned child inherits: the key of the warning its parent gave.
-    assert os.environ["MEGATRON_BACKPORTS_SAID"] == f"{BACKPORT_ID}:upstream"
+    (key,) = os.environ["MEGATRON_BACKPORTS_SAID"].split(",")
+    assert key.startswith(f"{BACKPORT_ID}:upstream:")
     revert()  # a new decision in this process may warn again
     assert "MEGATRON_BACKPORTS_SAID" not in os.environ
 
 
 def test_child_of_a_process_that_warned_stays_quiet(tilelang_dsa, monkeypatch, caplog):
     monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
-    monkeypatch.setenv("MEGATRON_BACKPORTS_SAID", f"other:absent,{BACKPORT_ID}:upstream")
+    with pytest.warns(BackportWarning):
+        apply(BACKPORT_ID)
+    said = os.environ["MEGATRON_BACKPORTS_SAID"]
+    revert()
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SAID", f"other:absent,{said}")  # the parent said it
     with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.DEBUG):
         warnings.simplefilter("always")
         (report,) = apply(BACKPORT_ID)
@@ -166,7 +172,42 @@ def test_a_parent_warning_about_another_verdict_does_not_silence_this_one(
     with pytest.warns(BackportWarning, match="incompatible"):
         apply()
     said = os.environ["MEGATRON_BACKPORTS_SAID"].split(",")
-    assert said == [f"{BACKPORT_ID}:upstream", f"{BACKPORT_ID}:incompatible"]
+    assert said[0] == f"{BACKPORT_ID}:upstream"
+    assert len(said) == 2 and said[1].startswith(f"{BACKPORT_ID}:incompatible:")
+
+
+def test_a_warning_the_filter_drops_is_not_recorded_as_said(tilelang_dsa, monkeypatch):
+    """A parent whose filter hides the warning must leave its children free to show it."""
+    monkeypatch.delenv("MEGATRON_BACKPORTS_SAID", raising=False)
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("ignore", BackportWarning)
+        apply(BACKPORT_ID)
+    assert not caught
+    assert "MEGATRON_BACKPORTS_SAID" not in os.environ
+    revert()
+    with pytest.warns(BackportWarning, match="not applied"):  # shown: now recorded
+        apply(BACKPORT_ID)
+    assert os.environ["MEGATRON_BACKPORTS_SAID"].startswith(f"{BACKPORT_ID}:upstream:")
+
+
+def test_a_parent_warning_with_another_reason_does_not_silence_this_one(tilelang_dsa, monkeypatch):
+    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    with pytest.warns(BackportWarning):
+        apply(BACKPORT_ID)
+    said = os.environ["MEGATRON_BACKPORTS_SAID"]
+    revert()
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SAID", said)  # a child of the process that warned
+    real = api.probe
+
+    def other_reason(spec, *args, **kwargs):
+        result = real(spec, *args, **kwargs)
+        result.reason += " (and a newer sniff says more)"
+        return result
+
+    monkeypatch.setattr(api, "probe", other_reason)
+    with pytest.warns(BackportWarning, match="a newer sniff says more"):
+        apply(BACKPORT_ID)
 
 
 def test_strict_raises_on_incompatible(tilelang_dsa, monkeypatch):

@@ -148,7 +148,10 @@ def test_a_new_entry_module_and_vendored_folder_are_all_a_builtin_needs(tmp_path
     code, rows = backports("status")
     assert code == 0
     by_id = {row["id"]: row for row in rows}
-    assert by_id["megatron-lm-9999"]["verdict"] == by_id["megatron-lm-7091"]["verdict"] == "needed"
+    assert by_id["megatron-lm-9999"]["verdict"] == "needed"
+    # The same target: the newer entry installs first, and status says the other never does.
+    shadowed = by_id["megatron-lm-7091"]
+    assert shadowed["verdict"] == "incompatible" and "megatron-lm-9999" in shadowed["reason"]
     assert [row["id"] for row in rows].count("megatron-lm-9999") == 1
     vendored = by_id["megatron-lm-9999"]["evidence"]["vendored"]
     assert vendored["ok"] and Path(vendored["folder"]) == site / "backports/megatron/_vendor" / (

@@ -47,6 +47,8 @@ def test_judge(verdict: Verdict, applied_action: Action | None, ok: bool) -> Non
         ("0.18.2", True),  # predates the target (0.19): nothing to carry
         ("0.19.2", False),  # the target should be there: a moved target is a silent no-op
         ("1.0.0rc1", False),
+        ("0.19.0rc0", False),  # a pre-release of the first release with the target has it
+        ("0.18.0rc0", True),
         (None, False),  # not installed: nothing was checked
     ],
 )
@@ -91,3 +93,24 @@ def test_check_fails_once_the_vendored_file_is_edited(
     # A handwritten folder (no upstream text to sync): the fix is --rehash, named.
     assert f"tools/sync_upstream.py --backport {BACKPORT_ID} --rehash" in row
     assert summary == f"check: 1 of 1 failed: {BACKPORT_ID}"
+
+
+@pytest.mark.parametrize(
+    ("standin", "verdict", "ok"),
+    [("fixed_upstream", "upstream", False), ("new_signature", "incompatible", False),
+     (None, "needed", True)],
+)  # fmt: skip
+def test_a_disabled_backport_is_probed_anyway_and_fails_if_landed_or_rotted(
+    tilelang_dsa, monkeypatch, capsys: pytest.CaptureFixture[str], standin, verdict, ok
+) -> None:
+    from tests import standins
+
+    if standin is not None:
+        monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", getattr(standins, standin))
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP", BACKPORT_ID)
+    code = cli.main(["check", "--json", "--only", BACKPORT_ID])
+    (entry,) = json.loads(capsys.readouterr().out)
+    assert (code == 0) is ok
+    assert entry["check"]["ok"] is ok
+    assert "disabled here" in entry["check"]["why"]
+    assert entry["evidence"]["probed_while_disabled"]["verdict"] == verdict

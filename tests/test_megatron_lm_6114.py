@@ -424,3 +424,35 @@ def test_apply_before_the_router_is_imported_installs_on_import():
     done = subprocess.run([sys.executable, "-c", LAZY], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "lazy ok" in done.stdout
+
+
+@pytest.mark.slow  # torch.compile on CPU, twice (~20 s each)
+def test_code_compiled_before_apply_is_dropped_and_recompiled_with_the_backport():
+    """A caller torch.compile traced before apply() inlined the original method: the class
+    attribute swap alone leaves that compiled code counting by expert. apply() drops it,
+    names it in the report, and the next call recompiles with the backport."""
+    torch._dynamo.reset()
+    router = cpu_router()
+    buffer = router.local_tokens_per_expert
+    # Tokens == experts: 0.19.2 does not raise, it miscounts silently.
+    logits = torch.randn(EXPERTS, 1, EXPERTS, generator=torch.Generator().manual_seed(7))
+    mask = torch.zeros(EXPERTS, 1, dtype=torch.bool)
+    mask[0, 0] = True
+
+    def training_step(logits, mask):
+        return router.routing(logits, padding_mask=mask)
+
+    compiled = torch.compile(training_step, backend="eager")
+    _, routing_map = compiled(logits, mask)
+    expected = routing_map[~mask.reshape(-1)].sum(0).float()  # by token: an independent count
+    assert not torch.equal(buffer, expected)  # the original, compiled: wrong counts
+    try:
+        (report,) = apply(ID)
+        assert report.action is Action.INSTALLED
+        assert "training_step" in report.reason and "apply() before" in report.reason
+        buffer.zero_()
+        compiled(logits, mask)
+        assert torch.equal(buffer, expected)
+    finally:
+        revert(ID)
+        torch._dynamo.reset()

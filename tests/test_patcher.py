@@ -155,3 +155,42 @@ def test_a_failed_scan_fails_each_request_and_rebinds_nothing(tilelang_dsa, monk
         tilelang_dsa._can_use_fused_sparse_indexer_target,
     ) == before
     assert patcher.installed("test-a") is None and patcher.installed("test-b") is None
+
+
+def test_the_users_own_names_in_main_are_left_alone(tilelang_dsa, monkeypatch):
+    """A script's ``from ... import fused_sparse_mla_absorbed`` keeps the original, so that
+    it can compare the backport with it; every module of a library is rebound."""
+    from backports.megatron import apply, revert
+
+    original = tilelang_dsa.fused_sparse_mla_absorbed
+    main = sys.modules["__main__"]
+    monkeypatch.setattr(main, "fused_sparse_mla_absorbed", original, raising=False)
+    library = types.ModuleType("acme_library_holding_the_target")
+    library.fused_sparse_mla_absorbed = original
+    monkeypatch.setitem(sys.modules, library.__name__, library)
+    apply("megatron-lm-7617")
+    try:
+        assert tilelang_dsa.fused_sparse_mla_absorbed.__backport__ == "megatron-lm-7617"
+        assert library.fused_sparse_mla_absorbed is tilelang_dsa.fused_sparse_mla_absorbed
+        assert main.fused_sparse_mla_absorbed is original
+    finally:
+        revert("megatron-lm-7617")
+    assert library.fused_sparse_mla_absorbed is original
+
+
+def test_a_target_defined_in_main_is_patched_there(monkeypatch):
+    """``__main__`` is the defining module: its own binding is the target's."""
+    main = types.ModuleType("__main__")
+    exec("def double(x):\n    return 2 * x\n", vars(main))
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    target = dataclasses.replace(
+        MEGATRON_LM_7617.target, modules=("__main__",), attribute="double", parameters=("x",)
+    )
+    resolved = resolve_target(target, "acme-main")
+    replacement = patcher.Replacement(resolved, lambda x: 3 * x, None)
+    patcher.install("acme-main", [replacement])
+    try:
+        assert main.double(2) == 6
+    finally:
+        patcher.uninstall("acme-main")
+    assert main.double(2) == 4

@@ -179,16 +179,34 @@ def test_a_plugin_naming_what_is_not_an_entry_contributes_nothing(
     assert "acme-odd 1.0" in record.reason and says in record.reason
 
 
-def test_a_plugin_claiming_a_builtin_id_is_withheld_with_it(make_plugin: MakePlugin) -> None:
+def test_a_plugin_claiming_a_builtin_id_is_withheld_never_the_builtin(
+    make_plugin: MakePlugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS", "acme-dup")  # the prefix allowed
+    catalog.reload()
     make_plugin("acme-dup", {"acme": f"VALUE = [clone('{BACKPORT_ID}'), clone('acme-sib')]"})
-    # Neither copy of the id, nor the plugin's other entry.
-    assert ids() == [i for i in BUILTINS if i != BACKPORT_ID]
-    records = withheld()
-    assert set(records) == {BACKPORT_ID, "acme-sib"}
-    dup = records[BACKPORT_ID]
-    assert dup.verdict is Verdict.INCOMPATIBLE
-    assert "builtin" in dup.reason and "acme-dup 1.0" in dup.reason
-    assert "acme-dup 1.0" in records["acme-sib"].reason
+    assert ids() == BUILTINS  # the builtin keeps its id; the plugin contributes nothing
+    assert catalog.source(BACKPORT_ID) == "builtin"
+    (record,) = withheld().values()
+    assert (record.id, record.verdict) == ("acme", Verdict.INCOMPATIBLE)
+    assert BACKPORT_ID in record.reason and "acme-dup 1.0" in record.reason
+    assert "builtin" in record.reason and "\n" not in record.reason
+
+
+@pytest.mark.parametrize("allowed", ["", "other-dist", "acme-prefix"])
+def test_a_plugin_id_with_the_builtin_prefix_needs_the_users_leave(
+    make_plugin: MakePlugin, monkeypatch: pytest.MonkeyPatch, allowed: str
+) -> None:
+    monkeypatch.setenv("MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS", allowed)
+    catalog.reload()
+    make_plugin("acme-prefix", {"acme": "VALUE = [clone('megatron-lm-99999'), clone('acme-2')]"})
+    if allowed == "acme-prefix":
+        assert ids() == [*BUILTINS, "megatron-lm-99999", "acme-2"]
+        return
+    assert ids() == BUILTINS
+    (record,) = withheld().values()
+    assert "megatron-lm-99999" in record.reason
+    assert "MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS=acme-prefix" in record.reason
 
 
 def test_two_plugins_claiming_one_id(make_plugin: MakePlugin) -> None:
@@ -229,7 +247,8 @@ def test_status_json_names_each_source(
     reports = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
     assert {i: (r["verdict"], r["source"]) for i, r in reports.items()} == {
         **{i: ("needed", "builtin") for i in BUILTINS},
-        "acme-1": ("needed", "acme-one 2.3"),
+        # On #7617's own target, which the builtin patches first (see the shadowing test).
+        "acme-1": ("incompatible", "acme-one 2.3"),
         "acme-broken": ("incompatible", "acme-broken 1.0"),
     }
     assert "ModuleNotFoundError" in reports["acme-broken"]["reason"]
@@ -301,3 +320,213 @@ def test_the_start_up_hook_watches_plugin_targets(make_plugin: MakePlugin) -> No
     assert activation.target_modules(("acme-lib",)) == ("acme_lib.kernels",)
     assert activation.watched_packages() == ("megatron", "acme_lib")
     assert "acme_lib" in activation.hook_text()
+
+
+# ---- reliability round 3 (issue 24) -----------------------------------------------------------
+
+UPGRADABLE = """
+from backports.megatron.catalog import SniffResult
+
+FIXED = {fixed}
+
+def sniff(targets):
+    # The vendored replacement (sniffed too) has the fix; megatron's own function: FIXED.
+    installed = (targets[0].original.__module__ or "").startswith("megatron.")
+    fixed = FIXED if installed else True
+    return SniffResult(fixed=fixed, summary=f"acme's sniff says fixed={{fixed}}")
+
+VALUE = dataclasses.replace(MEGATRON_LM_7617, id="acme-up", sniff=sniff)
+"""
+
+
+def _upgrade(package: str, root: Path, dist: str, old: str, new: str, body: str) -> None:
+    """Install a new version of a plugin in place: new code, new dist-info version."""
+    (root / package / "entry0.py").write_text(CLONES + textwrap.dedent(body))
+    info = root / f"{dist.replace('-', '_')}-{old}.dist-info"
+    metadata = (info / "METADATA").read_text().replace(f"Version: {old}", f"Version: {new}")
+    (info / "METADATA").write_text(metadata)
+    info.rename(root / f"{dist.replace('-', '_')}-{new}.dist-info")
+    for name in [n for n in sys.modules if n.split(".")[0] == package]:
+        del sys.modules[name]
+    importlib.invalidate_caches()
+    catalog.reload()
+
+
+@pytest.mark.usefixtures("tilelang_dsa")
+def test_a_plugin_upgrade_is_probed_again_not_served_from_the_cache(
+    make_plugin: MakePlugin, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE", "1")
+    monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE_DIR", str(tmp_path / "cache"))
+    package = make_plugin("acme-up", {"acme-up": UPGRADABLE.format(fixed=False)})
+    (first,) = apply("acme-up")
+    assert first.verdict is Verdict.NEEDED and first.evidence["cache"]["hit"] is False
+    revert("acme-up")
+    (again,) = apply("acme-up")  # the control: the same plugin reuses its verdict
+    assert again.evidence["cache"]["hit"] is True
+    revert("acme-up")
+    _upgrade(package, tmp_path / package, "acme-up", "1.0", "1.1", UPGRADABLE.format(fixed=True))
+    with pytest.warns(BackportWarning, match="fixed=True"):
+        (upgraded,) = apply("acme-up")
+    assert upgraded.verdict is Verdict.UPSTREAM and upgraded.evidence["cache"]["hit"] is False
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "raise SystemExit(2)",  # argparse at module level, given the job's argv
+        "import argparse\nargparse.ArgumentParser().parse_args(['--lr', '3e-4'])",
+        "raise GeneratorExit()",
+    ],
+    ids=["SystemExit", "argparse", "GeneratorExit"],
+)
+@pytest.mark.usefixtures("tilelang_dsa")
+def test_a_plugin_raising_a_base_exception_at_import_is_withheld(
+    make_plugin: MakePlugin, body: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_plugin("acme-exits", {"acme-exits": body})
+    assert ids() == BUILTINS
+    record = withheld()["acme-exits"]
+    assert record.verdict is Verdict.INCOMPATIBLE and "acme-exits 1.0" in record.reason
+    assert "\n" not in record.reason
+    reports = {r.id: r for r in apply(BACKPORT_ID)}
+    assert str(reports[BACKPORT_ID].action) == "installed"
+    assert cli.main(["status"]) == 0
+
+
+@pytest.mark.usefixtures("tilelang_dsa")
+def test_a_plugin_sniff_raising_system_exit_is_incompatible_not_the_end(
+    make_plugin: MakePlugin,
+) -> None:
+    body = """
+    def sniff(targets):
+        raise SystemExit("sniffing exits")
+
+    VALUE = dataclasses.replace(MEGATRON_LM_7617, id="acme-sniff", sniff=sniff)
+    """
+    make_plugin("acme-sniff", {"acme-sniff": body})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reports = {r.id: r for r in apply()}
+    assert reports["acme-sniff"].verdict is Verdict.INCOMPATIBLE
+    assert "SystemExit: sniffing exits" in reports["acme-sniff"].reason
+    assert str(reports[BACKPORT_ID].action) == "installed"
+    (probed,) = status("acme-sniff")
+    assert probed.verdict is Verdict.INCOMPATIBLE
+
+
+def test_keyboard_interrupt_from_a_plugin_is_not_swallowed(
+    make_plugin: MakePlugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_plugin("acme-ctrl-c", {"acme-ctrl-c": "raise KeyboardInterrupt"})
+    with pytest.raises(KeyboardInterrupt):
+        catalog.entries()
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP_PLUGINS", "acme-ctrl-c")  # for the teardown
+    catalog.reload()
+
+
+def _bad(change: str) -> str:
+    return f"""
+    from packaging.version import Version
+    from backports.megatron.catalog import Target, VendoredRef
+    base = MEGATRON_LM_7617
+    target = base.target
+    VALUE = [clone("acme-good"), dataclasses.replace(base, id="acme-bad", {change})]
+    """
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ("target_since='0.19'", "target_since"),
+        ("fixed_in='0.20'", "fixed_in"),
+        ("targets=(dataclasses.replace(target, modules=()),)", "modules"),
+        ("targets=(dataclasses.replace(target, modules=('',)),)", "modules"),
+        ("targets=(dataclasses.replace(target, modules='megatron.core'),)", "modules"),
+        ("targets=(dataclasses.replace(target, parameters='query, key'),)", "parameters"),
+        ("targets=(dataclasses.replace(target, attribute=''),)", "attribute"),
+        ("targets=(dataclasses.replace(target, distribution=None),)", "distribution"),
+        ("targets=(dataclasses.replace(target, helpers=('SparseMLA', 3)),)", "helpers"),
+        ("targets=(dataclasses.replace(target, decorator='no_colon'),)", "decorator"),
+        ("targets=[target]", "targets"),
+        ("targets=(target, 'x')", "targets"),
+        ("sniff=None", "sniff"),
+        ("vendored='backports.megatron._vendor'", "vendored"),
+        ("vendored=VendoredRef('no such package', 'm', 'a')", "vendored.package"),
+        ("title=None", "title"),
+        ("delete_when_landed=1", "delete_when_landed"),
+        ("local_changes=(object(),)", "local_changes"),
+        ("id=''", "id"),
+        ("id='acme bad'", "id"),
+    ],
+)
+@pytest.mark.usefixtures("tilelang_dsa")
+def test_a_plugin_entry_with_a_bad_field_is_withheld_naming_it(
+    make_plugin: MakePlugin, change: str, field: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    make_plugin("acme-bad", {"acme-bad": _bad(change)})
+    make_plugin("acme-fine", {"acme-fine": "VALUE = clone('acme-fine')"})
+    assert ids() == [*BUILTINS, "acme-fine"]
+    record = withheld()["acme-bad"]
+    assert record.verdict is Verdict.INCOMPATIBLE
+    assert field in record.reason and "acme-bad 1.0" in record.reason
+    assert "\n" not in record.reason
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reports = {r.id: r for r in apply()}  # explicit apply(): every other backport installs
+    assert {str(reports[i].action) for i in BUILTINS} <= {"installed", "deferred"}
+    assert str(reports[BACKPORT_ID].action) == "installed"
+    assert "acme-fine" in reports  # judged (on 7617's target: refused as a foreign patch)
+    revert()
+    capsys.readouterr()
+    assert cli.main(["status"]) == 0
+    assert cli.main(["check"]) == 1  # the bad plugin fails the gate; nothing raises
+    out = capsys.readouterr().out
+    assert "acme-bad" in out and "Traceback" not in out
+
+
+@pytest.mark.usefixtures("tilelang_dsa")
+def test_status_says_a_plugin_entry_shadowing_a_builtins_target_never_installs(
+    make_plugin: MakePlugin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_plugin("acme-shadow", {"acme-shadow": "VALUE = clone('acme-shadow')"})
+    reports = {r.id: r for r in status()}
+    assert str(reports[BACKPORT_ID].action) == "would-install"
+    shadow = reports["acme-shadow"]
+    assert (shadow.verdict, str(shadow.action)) == (Verdict.INCOMPATIBLE, "would-skip")
+    assert BACKPORT_ID in shadow.reason and "fused_sparse_mla_absorbed" in shadow.reason
+    with warnings.catch_warnings():  # what apply() does agrees
+        warnings.simplefilter("ignore")
+        applied = {r.id: r for r in apply()}
+    assert applied["acme-shadow"].verdict is Verdict.INCOMPATIBLE
+    revert()
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP", BACKPORT_ID)  # the builtin off: no conflict
+    assert str({r.id: r for r in status()}["acme-shadow"].action) == "would-install"
+
+
+@pytest.mark.parametrize("command", ["status", "check"])
+@pytest.mark.usefixtures("tilelang_dsa")
+def test_json_output_stays_json_whatever_a_sniff_puts_in_its_detail(
+    make_plugin: MakePlugin, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    body = """
+    from backports.megatron.catalog import SniffResult
+
+    class Opaque:
+        def __repr__(self):
+            return "<Opaque>"
+
+    def sniff(targets):
+        detail = {"obj": Opaque(), "ids": {3}, "nan": float("nan"), 7: b"raw"}
+        installed = (targets[0].original.__module__ or "").startswith("megatron.")
+        return SniffResult(fixed=not installed, summary="odd detail", detail=detail)
+
+    VALUE = dataclasses.replace(MEGATRON_LM_7617, id="acme-odd-json", sniff=sniff)
+    """
+    make_plugin("acme-odd-json", {"acme-odd-json": body})
+    cli.main([command, "--json", "--only", "acme-odd-json"])
+    out = capsys.readouterr().out
+    (report,) = json.loads(out, parse_constant=lambda name: pytest.fail(f"not JSON: {name}"))
+    behaviour = report["evidence"]["behaviour"]
+    assert behaviour["obj"] == "<Opaque>" and behaviour["ids"] == "{3}"
+    assert behaviour["nan"] == "nan" and behaviour["7"] == "b'raw'"

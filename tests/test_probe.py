@@ -93,7 +93,7 @@ def test_missing_target_function_is_absent(tilelang_dsa, monkeypatch):
     assert _status().verdict is Verdict.ABSENT
 
 
-@pytest.mark.parametrize("version", ["0.18.2", "0.16.1", "0.19.0rc1"])
+@pytest.mark.parametrize("version", ["0.18.2", "0.16.1", "0.18.0rc1", "0.18.99.dev0"])
 def test_release_before_0_19_is_absent_without_importing(monkeypatch, version):
     monkeypatch.setattr(versions_module.importlib.metadata, "version", lambda name: version)
 
@@ -104,6 +104,17 @@ def test_release_before_0_19_is_absent_without_importing(monkeypatch, version):
     report = _status()
     assert report.verdict is Verdict.ABSENT
     assert version in report.reason
+
+
+@pytest.mark.parametrize("version", ["0.19.0rc0", "0.19.0rc1", "0.19.0.dev3", "0.19.0a1"])
+def test_a_pre_release_of_the_first_release_with_the_target_is_probed(
+    tilelang_dsa, monkeypatch, version
+):
+    """0.19.0rc0 precedes 0.19.0 by ordering, yet has the target: behaviour decides."""
+    monkeypatch.setattr(versions_module.importlib.metadata, "version", lambda name: version)
+    report = _status()
+    assert report.verdict is Verdict.NEEDED, report.reason
+    assert "behaviour" in report.evidence
 
 
 def test_uninstalled_megatron_core_is_absent(monkeypatch):

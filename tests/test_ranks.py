@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from backports.megatron import BackportError, apply, verify_ranks
+from backports.megatron import BackportError, apply, revert, verify_ranks
 from backports.megatron.ranks import _describe, _rank_list, installed_backports, is_rank_zero
 from tests.conftest import BACKPORT_ID
 
@@ -88,7 +88,8 @@ def test_group_limits_the_comparison_to_its_ranks(tmp_path: Path):
             error = seen[rank][name].get("error", "")
             assert error.startswith("BackportError: "), seen
             assert "differing from rank 0: rank 1. " in error, error
-            assert "rank 0: megatron-lm-7617 (abababababab); rank 1: none." in error, error
+            assert "rank 0: megatron-lm-7617 (abababababab local-changes" in error, error
+            assert "; rank 1: none." in error, error
     assert seen[0]["own"] == {"returned": {"megatron-lm-7617": "ab" * 32}}
     assert seen[1]["own"] == {"returned": {}}
 
@@ -121,3 +122,34 @@ def test_is_rank_zero(monkeypatch, env, zero):
 def test_describe_names_each_backport_with_its_short_hash():
     assert _describe({}) == "none"
     assert _describe({"b": "1" * 64, "a": "2" * 64}) == "a (222222222222), b (111111111111)"
+
+
+def test_a_rank_running_upstream_only_differs_from_one_with_local_changes(
+    world_of_one, tilelang_dsa, monkeypatch
+):
+    """The same vendored file in another mode is other code: verify_ranks() says so.
+
+    The other rank is this process under the other mode: what it sends is captured from a
+    real verify_ranks() call, then handed back as rank 1's in a world of two."""
+    sent: list = []
+    real = dist.all_gather_object
+
+    def capture(out, obj, group=None):
+        sent.append(obj)
+        real(out, obj, group=group)
+
+    monkeypatch.setattr(dist, "all_gather_object", capture)
+    apply(BACKPORT_ID, upstream_only=True)
+    verify_ranks()
+    revert(BACKPORT_ID)
+    (upstream_rank,) = sent
+
+    def two_ranks(out, obj, group=None):
+        out[0], out[1] = obj, upstream_rank
+
+    monkeypatch.setattr(dist, "all_gather_object", two_ranks)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    apply(BACKPORT_ID)
+    with pytest.raises(BackportError, match="differing from rank 0: rank 1") as raised:
+        verify_ranks()
+    assert "upstream-only" in str(raised.value) and "index-hygiene" in str(raised.value)

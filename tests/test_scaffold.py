@@ -37,7 +37,9 @@ from tests.test_vendored import documented_digest
 
 DIVIDE = "megatron.core.utils:divide"
 EXPERT_BIAS = "megatron.core.transformer.moe.router:TopKRouter._apply_expert_bias"
-ARGS = ["--id", "megatron-lm-9999", "--pr", "9999", "--repo", "https://github.com/o/r.git"]
+# The builtin prefix, allowed: the generated names below follow from the id.
+ARGS = ["--id", "megatron-lm-9999", "--pr", "9999", "--repo", "https://github.com/o/r.git",
+        "--allow-builtin-prefix"]  # fmt: skip
 PACKAGE = "megatron_lm_9999_backport"
 
 
@@ -201,8 +203,26 @@ def test_new_help_shows_an_example(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         cli.main(["new", "--help"])
     out = capsys.readouterr().out
-    assert "example:" in out and "backports new --id megatron-lm-9999 --pr 9999" in out
+    assert "example:" in out and "backports new --id acme-9999 --pr 9999" in out
     assert "--target megatron.core.utils:divide" in out
+
+
+@pytest.mark.parametrize("backport_id", ["megatron-lm-7617", "megatron-lm-12345"])
+def test_an_id_with_the_builtin_prefix_is_refused_unless_allowed(
+    tmp_path, capsys, backport_id
+) -> None:
+    """A plugin under a builtin's id would be withheld at load; under the prefix, it needs
+    the user's leave (MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS)."""
+    args = ["new", "--id", backport_id, "--pr", "9999", "--repo", "https://github.com/o/r.git",
+            "--target", "megatron.core.utils:divide", "--dest", str(tmp_path / "p")]  # fmt: skip
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "megatron-lm-" in err and "--allow-builtin-prefix" in err
+    assert not (tmp_path / "p").exists()
+    if backport_id == "megatron-lm-7617":  # a builtin's own id: refused even when allowed
+        assert cli.main([*args, "--allow-builtin-prefix"]) == 2
+    else:
+        assert cli.main([*args, "--allow-builtin-prefix"]) == 0
 
 
 @pytest.mark.parametrize(
@@ -219,7 +239,7 @@ def test_new_help_shows_an_example(capsys: pytest.CaptureFixture[str]) -> None:
 def test_new_refuses_a_repo_that_would_escape_into_code(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], repo: str
 ) -> None:
-    args = ["new", "--id", "megatron-lm-9999", "--pr", "9999", "--repo", repo]
+    args = ["new", "--id", "acme-9999", "--pr", "9999", "--repo", repo]
     assert cli.main([*args, "--target", DIVIDE, "--dest", str(tmp_path / "p")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--repo" in err

@@ -4,6 +4,7 @@
 """
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -170,6 +171,7 @@ def test_the_key_covers_torch_and_our_own_files(tilelang_dsa, monkeypatch, tmp_p
     (target,) = key["targets"]
     assert target["file"] == tilelang_dsa.__file__
     assert target["distribution"]["version"] == "0.19.2"
+    assert "plugin" not in key  # a builtin's key: its code is ours, covered below
 
     monkeypatch.setattr(torch, "__version__", "9.9.9")
     assert verdict_cache.fingerprint(spec) != key
@@ -244,3 +246,96 @@ def test_the_version_evidence_and_the_keys_share_one_read_of_record(tilelang_dsa
             installed_version(spec.target.distribution, spec.target.modules)
             verdict_cache.fingerprint(spec)
     assert reads.count("RECORD") == 1
+
+
+# ---- a cache nobody else may write (issue 24 items 8, 9, 10) ----------------------------------
+
+
+def _forge_upstream(cache: Path) -> Path:
+    """A genuine entry for this key, turned into an ``upstream`` verdict by someone else."""
+    apply(BACKPORT_ID)
+    revert(BACKPORT_ID)
+    path = cache / f"{BACKPORT_ID}.json"
+    path.write_text(json.dumps({**_entry(cache), "verdict": "upstream", "reason": "forged"}))
+    return path
+
+
+def _apply_quietly() -> tuple[list, list[str]]:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reports = apply(BACKPORT_ID)
+    return reports, [str(w.message) for w in caught]
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        pytest.param(lambda path: os.chown(path, 4242, -1), id="file-of-another-user",
+                     marks=needs_root),
+        pytest.param(lambda path: os.chown(path.parent, 4242, -1), id="folder-of-another-user",
+                     marks=needs_root),
+        pytest.param(lambda path: path.chmod(0o666), id="file-writable-by-all"),
+        pytest.param(lambda path: path.parent.chmod(0o777), id="folder-writable-by-all"),
+    ],
+)  # fmt: skip
+def test_a_cache_another_user_can_write_is_refused_saying_why_once(tilelang_dsa, cache, spoil):
+    spoil(_forge_upstream(cache))
+    (report,), said = _apply_quietly()
+    assert report.verdict is Verdict.NEEDED and report.action is Action.INSTALLED
+    assert report.evidence.get("cache", {}).get("hit") is not True
+    refusals = [m for m in said if "verdict cache" in m]
+    assert len(refusals) == 1 and ("owned by" in refusals[0] or "writable by" in refusals[0])
+    revert(BACKPORT_ID)
+    _, said = _apply_quietly()
+    assert not [m for m in said if "verdict cache" in m]  # said once
+
+
+def test_a_relative_xdg_cache_home_is_ignored(monkeypatch, tmp_path):
+    monkeypatch.delenv("MEGATRON_BACKPORTS_CACHE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    folders = verdict_cache.locations()
+    assert all(folder.is_absolute() for folder in folders)
+    assert folders[-1].parent.parent == tmp_path / ".cache"
+
+
+def test_the_fallback_is_not_read_while_the_first_location_works(
+    tilelang_dsa, cache, monkeypatch, tmp_path
+):
+    _forge_upstream(cache)  # a forged verdict in the fallback
+    first = tmp_path / "venv-cache"
+    monkeypatch.setattr(verdict_cache, "locations", lambda: [first, cache])
+    (report,), _ = _apply_quietly()
+    assert report.verdict is Verdict.NEEDED and report.evidence["cache"]["hit"] is False
+    assert (first / f"{BACKPORT_ID}.json").is_file()  # stored where it is read next
+
+
+def _in_a_thread(function, seconds: float = 20.0):
+    import threading
+
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(function()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "the cache read hangs"
+    return result[0]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "huge"])
+def test_only_a_regular_file_of_a_bounded_size_is_read(tilelang_dsa, cache, kind):
+    path = _forge_upstream(cache)
+    if kind == "fifo":
+        path.unlink()
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        path.unlink()
+        path.symlink_to("/dev/zero")
+    else:  # a sound entry, padded past any size a verdict needs
+        path.write_text(path.read_text() + " " * (4 << 20))
+    (report,), _ = _in_a_thread(_apply_quietly)
+    assert report.verdict is Verdict.NEEDED and report.evidence["cache"]["hit"] is False

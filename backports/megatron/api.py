@@ -3,6 +3,7 @@
 Data flows one way: catalog -> probe -> verdict -> patcher -> report.
 """
 
+import hashlib
 import logging
 import sys
 import warnings
@@ -13,6 +14,7 @@ from types import ModuleType
 from typing import Any
 
 from . import (
+    compiled_code,
     import_guards,
     once_per_job,
     patcher,
@@ -39,6 +41,7 @@ __all__ = [
     "is_deferred",
     "last_report",
     "load_targets",
+    "probe_ignoring_switches",
     "revert",
     "status",
 ]
@@ -54,7 +57,7 @@ WITH_LOCAL_CHANGES = vendored_sniff.WITH_LOCAL_CHANGES
 
 _LOG = logging.getLogger("backports.megatron")
 _SKIPPED = (Verdict.UPSTREAM, Verdict.INCOMPATIBLE, Verdict.ABSENT)
-_warned: set[tuple[str, Verdict]] = set()
+_warned: set[str] = set()  # _said_key of each warning decided in this process
 _last: dict[str, Report] = {}  # id -> what apply last decided in this process
 # id -> (spec, strict, upstream_only) of each backport whose post-import hook is registered.
 _watched: dict[str, tuple[BackportSpec, bool, bool]] = {}
@@ -71,23 +74,41 @@ def disabled_reason(spec: BackportSpec) -> str | None:
 
 
 def _announce(report: Report, stacklevel: int = 3) -> None:
-    """One BackportWarning per backport and verdict per job (see ``once_per_job``).
+    """One BackportWarning per backport, verdict and reason per job (see ``once_per_job``).
     ``stacklevel`` 3 names the caller of the function that calls this one (``apply``)."""
     if report.action is Action.INSTALLED:
         _LOG.info("installed %s: %s", report.id, report.reason)
         return
     if report.action is not Action.SKIPPED or report.verdict not in _SKIPPED:
         return
-    key = (report.id, report.verdict)
-    if key in _warned:
+    said = _said_key(report)
+    if said in _warned:
         return
-    _warned.add(key)
+    _warned.add(said)
     message = f"megatron-backports: {report.id} not applied ({report.verdict}): {report.reason}"
     # Rank 0 only, and not again in the workers and spawn children of a process that warned.
-    if once_per_job.claim(f"{report.id}:{report.verdict}"):
-        warnings.warn(message, BackportWarning, stacklevel=stacklevel)
+    if once_per_job.may_say(said):
+        if _warn_shown(message, stacklevel):
+            once_per_job.record(said)  # only what was shown: a child may show what was dropped
     else:
         _LOG.debug("%s (said once per job: by rank 0, or by a parent process)", message)
+
+
+def _said_key(report: Report) -> str:
+    """id:verdict:<digest of the reason>: another reason (a new sniff, another version) is
+    news, the same one in a child process is not."""
+    digest = hashlib.sha256(report.reason.encode()).hexdigest()[:12]
+    return f"{report.id}:{report.verdict}:{digest}"
+
+
+def _warn_shown(message: str, stacklevel: int) -> bool:
+    """Warn through the user's filters; whether the warning was shown (not dropped by an
+    ``ignore`` filter or a ``once`` already spent). An ``error`` filter raises, as ever."""
+    with warnings.catch_warnings(record=True) as caught:  # keeps the filters as they are
+        warnings.warn(message, BackportWarning, stacklevel=stacklevel + 1)
+    for shown in caught:
+        warnings.showwarning(shown.message, shown.category, shown.filename, shown.lineno)
+    return bool(caught)
 
 
 def upstream_only_requested(upstream_only: bool | None = None) -> bool:
@@ -194,7 +215,31 @@ def _report(
     _, fresh = outcome
     action = Action.INSTALLED if fresh else Action.ALREADY_INSTALLED
     reason = result.reason + (_UPSTREAM_ONLY_NOTE if upstream_only else "")
+    if fresh:
+        reason += _dropped_compiled_code(spec, result, evidence)
     return Report(spec.id, result.verdict, action, reason, evidence)
+
+
+def _dropped_compiled_code(
+    spec: BackportSpec, result: ProbeResult, evidence: dict[str, Any]
+) -> str:
+    """Drop torch.compile's code compiled before this install (it may have inlined an
+    original method, see ``compiled_code``); a note for the reason, or ""."""
+    try:
+        dropped = compiled_code.drop_stale(t.is_method for t in result.targets)
+    except Exception as exc:  # torch internals moved: say so, never fail the install
+        _LOG.warning("%s: cannot check torch.compile's earlier code: %r", spec.id, exc)
+        return ""
+    if not dropped:
+        return ""
+    evidence["compiled_before_apply"] = dropped
+    shown = ", ".join(dropped[:3]) + (f" and {len(dropped) - 3} more" if len(dropped) > 3 else "")
+    note = (
+        f" [torch.compile had compiled {shown} before the install: that code was dropped and "
+        "recompiles with the backport; call apply() before torch.compile]"
+    )
+    _LOG.warning("%s:%s", spec.id, note)
+    return note
 
 
 def _probe_with_cache(spec: BackportSpec, upstream_only: bool) -> ProbeResult:
@@ -435,8 +480,46 @@ def status(only: str | Iterable[str] | None = None) -> list[Report]:
     ids = _selection(only)
     _warn_unknown_skips()
     with one_look():
-        reports = [_status_one(spec) for spec in select(ids)]
+        reports = _shadowed([_status_one(spec) for spec in select(ids)])
     return _sourced(reports) + _withheld(ids, Action.WOULD_SKIP)
+
+
+def _resolved_targets(report: Report) -> set[str]:
+    return {f"{t['module']}.{t['attribute']}" for t in report.evidence.get("targets", [])}
+
+
+def _shadowed(reports: list[Report]) -> list[Report]:
+    """Each report that would install on a target an earlier entry (in catalog order:
+    builtins first) installs on too, turned into what ``apply`` finds: that target is
+    already patched, so this entry never installs (``incompatible``)."""
+    taken: dict[str, str] = {}  # "module.attribute" -> the id that installs there first
+    shown = []
+    for report in reports:
+        targets = _resolved_targets(report)
+        if report.action in (Action.WOULD_INSTALL, Action.ALREADY_INSTALLED):
+            clash = sorted(t for t in targets if t in taken and taken[t] != report.id)
+            if clash and report.action is Action.WOULD_INSTALL:
+                owner = taken[clash[0]]
+                reason = (
+                    f"{', '.join(clash)} is also the target of {owner} ({source(owner)}), which "
+                    f"installs first: {report.id} never installs while {owner} does "
+                    f"(MEGATRON_BACKPORTS_SKIP={owner} to use this one)"
+                )
+                report = replace(
+                    report, verdict=Verdict.INCOMPATIBLE, action=Action.WOULD_SKIP, reason=reason
+                )
+            else:
+                taken.update((t, taken.get(t, report.id)) for t in targets)
+        shown.append(report)
+    return shown
+
+
+def probe_ignoring_switches(spec: BackportSpec) -> Report:
+    """What the probe finds for ``spec`` whatever the environment's switches say (``check``
+    probes a disabled backport too); changes nothing."""
+    with one_look():
+        result = probe(spec)
+    return Report(spec.id, result.verdict, Action.WOULD_SKIP, result.reason, result.evidence)
 
 
 def _status_one(spec: BackportSpec) -> Report:
@@ -510,7 +593,7 @@ def revert(only: str | Iterable[str] | None = None) -> list[Report]:
             guard = import_guards.uninstall(spec.id)
             last = _last.pop(spec.id, None)
             # A later apply() is a new decision and may warn again.
-            _warned.difference_update({key for key in _warned if key[0] == spec.id})
+            _warned.difference_update({key for key in _warned if key.startswith(f"{spec.id}:")})
             once_per_job.release(f"{spec.id}:")
             verdict = last.verdict if last else Verdict.NEEDED
             if removed is not None:

@@ -11,7 +11,9 @@ into pass or fail so that ``backports check`` can make that a red CI run:
   there); a target missing from a version that should have it, or a distribution that is
   not installed, fails: the backport would silently do nothing;
 - ``needed``: passes only if ``apply`` really installed it in this process;
-- ``disabled``: passes, with a note (the job's switches turned it off on purpose).
+- ``disabled``: probed anyway (``anyway``): a switch in CI's environment must not hide a
+  landed or rotted backport that jobs elsewhere still carry. It fails as the verdict would,
+  saying it is disabled here; a needed or not-yet-existing one passes, with a note.
 """
 
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from packaging.version import InvalidVersion, Version
 
 from .model import BackportSpec
 from .report import Action, Report, Verdict
+from .versions import release_predates
 
 __all__ = ["Judgement", "judge"]
 
@@ -42,7 +45,7 @@ def _absent(spec: BackportSpec | None, probed: Report) -> Judgement:
     if version is None or spec is None:
         return Judgement(False, f"{name} is not installed: nothing was checked")
     try:
-        predates = Version(str(version)) < spec.target_since
+        predates = release_predates(Version(str(version)), spec.target_since)
     except InvalidVersion:
         predates = False
     if predates:
@@ -58,8 +61,24 @@ def _vendored_unfixed(probed: Report) -> bool:
     )
 
 
-def judge(spec: BackportSpec | None, probed: Report, applied: Report | None) -> Judgement:
-    """Pass or fail for one backport: ``probed`` from ``status``, ``applied`` from ``apply``.
+def _disabled(spec: BackportSpec | None, anyway: Report | None) -> Judgement:
+    """A backport the environment turns off, judged on what its probe found anyway."""
+    if anyway is None or anyway.verdict is Verdict.DISABLED:
+        return Judgement(True, "disabled by the environment: not checked")
+    if anyway.verdict is Verdict.NEEDED:
+        return Judgement(True, f"disabled here; still needed where it runs: {anyway.reason}")
+    found = judge(spec, anyway, None)
+    return Judgement(found.ok, f"disabled here; {found.why}")
+
+
+def judge(
+    spec: BackportSpec | None,
+    probed: Report,
+    applied: Report | None,
+    anyway: Report | None = None,
+) -> Judgement:
+    """Pass or fail for one backport: ``probed`` from ``status``, ``applied`` from ``apply``,
+    ``anyway``: what the probe found for a disabled one (see ``_disabled``).
 
     ``spec`` is None for a plugin the catalog withheld (its report is incompatible, or
     disabled by ``MEGATRON_BACKPORTS_SKIP_PLUGINS``).
@@ -76,7 +95,7 @@ def judge(spec: BackportSpec | None, probed: Report, applied: Report | None) -> 
     if verdict is Verdict.ABSENT:
         return _absent(spec, probed)
     if verdict is Verdict.DISABLED:
-        return Judgement(True, "disabled by the environment: not checked")
+        return _disabled(spec, anyway)
     if applied is None or applied.action not in _INSTALLED:
         action = "no report" if applied is None else f"{applied.action}: {applied.reason}"
         return Judgement(False, f"needed but not installed ({action})")

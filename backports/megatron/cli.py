@@ -15,6 +15,7 @@ The command prints its own words: other packages' known import notices are hidde
 import argparse
 import importlib.metadata
 import json
+import math
 import os
 import sys
 import warnings
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from . import activation, import_notices, json_output, switches, table
-from .api import applied, apply, load_targets, revert, status
+from .api import applied, apply, load_targets, probe_ignoring_switches, revert, status
 from .audit import audit, candidate_dir, outcome
 from .catalog import entries, select, source
 from .check import Judgement, judge
@@ -80,6 +81,20 @@ def _table(reports: list[Report], columns: Sequence[Column], layout: table.Layou
     return table.render(rows, layout, optional)
 
 
+def _jsonable(value: Any) -> Any:
+    """``value`` as strict JSON: what a sniff's detail holds that JSON has no word for (an
+    object, a set, bytes, NaN) becomes its ``repr``; keys become strings."""
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if value is None or isinstance(value, str | int | float):
+        return value
+    return repr(value)
+
+
 def _emit(
     args: argparse.Namespace,
     reports: list[Report],
@@ -104,15 +119,11 @@ def _emit(
             print(note)
         return
     data = [{**r.to_dict(), **{title: cell(r) for title, cell in json_extra}} for r in reports]
+    document: Any = data
     if args.format == "json-object":
-        json.dump(
-            json_output.document(args.command, data, summary, notes, warned),
-            sys.stdout,
-            indent=2,
-        )
-    else:
-        json.dump(data, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+        document = json_output.document(args.command, data, summary, notes, warned)
+    # Built whole before anything is written: never half a document on stdout.
+    sys.stdout.write(json.dumps(_jsonable(document), indent=2, allow_nan=False) + "\n")
     for note in notes:
         print(note, file=sys.stderr)
 
@@ -348,6 +359,13 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     return _OK
 
 
+def _with_probe_anyway(report: Report, anyway: Report | None) -> Report:
+    if anyway is None:
+        return report
+    found = {"verdict": str(anyway.verdict), "reason": anyway.reason}
+    return replace(report, evidence={**report.evidence, "probed_while_disabled": found})
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     only = _only(args)
     probed = status(only)  # imports the targets, so the apply below installs now
@@ -359,7 +377,15 @@ def _cmd_check(args: argparse.Namespace) -> int:
         installed = {r.id: r for r in done}
     del args.warning_notes[probing_warnings:]  # apply's repeat what the "why" column says
     specs = {spec.id: spec for spec in entries()}  # a withheld plugin has none
-    verdicts = {r.id: judge(specs.get(r.id), r, installed.get(r.id)) for r in probed}
+    anyway = {
+        r.id: probe_ignoring_switches(specs[r.id])
+        for r in probed
+        if r.verdict is Verdict.DISABLED and r.id in specs
+    }
+    probed = [_with_probe_anyway(r, anyway.get(r.id)) for r in probed]
+    verdicts = {
+        r.id: judge(specs.get(r.id), r, installed.get(r.id), anyway.get(r.id)) for r in probed
+    }
 
     def check_cell(report: Report) -> str:
         return "ok" if verdicts[report.id].ok else "FAIL"
@@ -385,7 +411,15 @@ def _cmd_new(args: argparse.Namespace) -> int:
 
     target = scaffold.read_target(args.target)
     plan = scaffold.Scaffold(
-        args.id, args.pr, args.repo, Path(args.dest), target, args.sha, args.package, args.since
+        args.id,
+        args.pr,
+        args.repo,
+        Path(args.dest),
+        target,
+        args.sha,
+        args.package,
+        args.since,
+        args.allow_builtin_prefix,
     )
     written = scaffold.create(plan)
     print(f"wrote {plan.distribution} in {plan.dest}:")
@@ -527,10 +561,10 @@ def _parser() -> argparse.ArgumentParser:
 
 _NEW_EXAMPLE = """\
 example:
-  backports new --id megatron-lm-9999 --pr 9999 \\
+  backports new --id acme-9999 --pr 9999 \\
       --repo https://github.com/NVIDIA/Megatron-LM.git \\
-      --target megatron.core.utils:divide --dest ./megatron-lm-9999-backport
-  cd megatron-lm-9999-backport && pip install -e . && python -m pytest   # fails until written
+      --target megatron.core.utils:divide --dest ./acme-9999-backport
+  cd acme-9999-backport && pip install -e . && python -m pytest   # fails until written
 
 --target is MODULE:function or MODULE:Class.method of the installed distribution; DIR
 must not exist. See docs/adding-a-backport.md."""
@@ -555,7 +589,7 @@ def _new_parser(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub.set_defaults(run=_cmd_new, format="table")
-    sub.add_argument("--id", required=True, help="backport id, e.g. megatron-lm-9999")
+    sub.add_argument("--id", required=True, help="backport id, e.g. acme-9999")
     sub.add_argument("--pr", required=True, type=int, help="upstream pull-request number")
     sub.add_argument("--repo", required=True, metavar="URL", help="upstream repository")
     sub.add_argument("--target", required=True, metavar="MODULE:QUALNAME", help="what to patch")
@@ -568,6 +602,12 @@ def _new_parser(commands: Any) -> None:
         type=_release,
         help="the first release of the distribution that has the target (default: none "
         "written, the probe and the sniff decide; never the installed version)",
+    )
+    sub.add_argument(
+        "--allow-builtin-prefix",
+        action="store_true",
+        help="let --id start with megatron-lm- (loading it then needs "
+        "MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS=<distribution>)",
     )
 
 

@@ -206,7 +206,8 @@ class BackportSpec:
         guards = [t for t in self.targets if isinstance(t, ImportGuard)]
         if guards and (len(self.targets) != 1 or len(guards[0].modules) != 1):
             raise ValueError(f"{self.id}: an import guard is the entry's one target, on one module")
-        object.__setattr__(self, "vendored", self._complete(self.vendored))
+        if isinstance(self.vendored, VendoredRef):  # else a plugin's mistake: spec_checks says
+            object.__setattr__(self, "vendored", self._complete(self.vendored))
         if not self.delete_when_landed:
             object.__setattr__(self, "delete_when_landed", self._delete_text())
 

@@ -15,7 +15,7 @@ of the package cannot be imported.
 
 import os
 
-__all__ = ["SAID", "claim", "is_rank_zero", "release"]
+__all__ = ["SAID", "claim", "is_rank_zero", "may_say", "record", "release"]
 
 SAID = "MEGATRON_BACKPORTS_SAID"  # comma-separated keys this process or an ancestor said
 _SEPARATOR = ","
@@ -40,6 +40,19 @@ def _said() -> list[str]:
 
 def _clean(key: str) -> str:
     return key.replace(_SEPARATOR, "%2C")
+
+
+def may_say(key: str) -> bool:
+    """Whether this process should say ``key`` now (rank 0, not said by it or a parent),
+    without recording it: ``record`` it once it was really shown."""
+    return is_rank_zero() and _clean(key) not in _said()
+
+
+def record(key: str) -> None:
+    """Note ``key`` as said, for this process and the children it starts afterwards."""
+    said, key = _said(), _clean(key)
+    if key not in said:
+        os.environ[SAID] = _SEPARATOR.join([*said, key])
 
 
 def claim(key: str) -> bool:

@@ -210,14 +210,19 @@ def _matches(namespace: dict[str, Any], wanted: list[object]) -> list[tuple[str,
 
 
 def _bindings_of_each(objs: Sequence[object]) -> dict[int, list[Site]]:
-    """Every (module, attribute) in ``sys.modules`` bound to each of ``objs`` (aliases
-    included), by ``id``. One pass over every module's globals per four objects: with torch
+    """Every (module, attribute) in ``sys.modules`` but ``__main__`` bound to each of ``objs``
+    (aliases included), by ``id``. One pass over every module's globals per four objects: with torch
     and megatron loaded a pass reads ~128,000 of them (~5-8 ms)."""
     found: dict[int, list[Site]] = {id(obj): [] for obj in objs}
     distinct = list({id(obj): obj for obj in objs}.values())
     for start in range(0, len(distinct), 4):
         wanted = distinct[start : start + 4]
+        main = sys.modules.get("__main__")
         for module_name, module in list(sys.modules.items()):
+            if module is main:  # under any name (``python -m pytest``: pytest.__main__ too)
+                # The user's script: its names are its own (it may keep the original to
+                # compare against). A target defined there is rebound as its defining site.
+                continue
             namespace = _live(module)
             if namespace is None:
                 continue

@@ -10,7 +10,16 @@ Each entry point contributes all of its entries or none. One that cannot be impo
 names something that is not an entry (or an iterable holding one), or claims an id that
 another entry claims too, contributes nothing and becomes one ``Withheld`` record: an
 ``incompatible`` report naming the distribution, never an exception out of the loader.
+So does one holding an entry with a field of the wrong type or an empty one
+(``spec_checks``): the reason names the field, and every other backport keeps working.
+Any ``BaseException`` but ``KeyboardInterrupt`` (a ``SystemExit`` from an ``argparse`` at
+module level) is such a failure too.
 ``MEGATRON_BACKPORTS_SKIP_PLUGINS=dist,...`` turns distributions off without importing them.
+
+A plugin never knocks out a builtin: one that claims a builtin's id is withheld, the builtin
+kept. The builtin prefix ``megatron-lm-`` is this package's: a plugin's entry may use it
+only where ``MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS=dist,...`` names its distribution (a team
+carrying an upstream pull request this package does not carry yet).
 
 Loading happens once per process (``catalog.entries()`` caches it); this module only reads
 entry points and judges what they hold.
@@ -19,7 +28,7 @@ entry points and judges what they hold.
 import importlib.metadata
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from packaging.utils import canonicalize_name
@@ -27,11 +36,13 @@ from packaging.utils import canonicalize_name
 from . import switches
 from .model import BackportSpec
 from .report import Verdict
+from .spec_checks import problem
 
 __all__ = ["BUILTIN", "GROUP", "Loaded", "Withheld", "load"]
 
 GROUP = "megatron_backports"
 BUILTIN = "builtin"  # the source of the entries this package carries itself
+BUILTIN_PREFIX = "megatron-lm-"  # the ids of this package's own entries
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,9 @@ class Loaded:
     entries: tuple[BackportSpec, ...]
     sources: Mapping[str, str]  # id -> "builtin" or "<distribution> <version>"
     withheld: tuple[Withheld, ...]
+    # id -> (distribution name, module the entry point names), for each plugin entry: the
+    # verdict cache keys a plugin's verdict on its own code and version.
+    origins: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -62,6 +76,7 @@ class _Plugin:
     source: str
     entries: tuple[BackportSpec, ...] = ()
     problem: str | None = None
+    module: str = ""  # the module the entry point names
 
     @property
     def label(self) -> str:
@@ -93,6 +108,10 @@ def _as_entries(value: Any) -> tuple[tuple[BackportSpec, ...], str | None]:
         return (), f"holds something that is not a BackportSpec ({'; '.join(bad)})"
     if not items:
         return (), "names an empty iterable: no catalog entry"
+    for spec in items:
+        malformed = problem(spec)
+        if malformed is not None:
+            return (), f"holds an entry {_label(spec)} whose {malformed}"
     ids = Counter(spec.id for spec in items)
     twice = sorted(i for i, n in ids.items() if n > 1)
     if twice:
@@ -100,18 +119,52 @@ def _as_entries(value: Any) -> tuple[tuple[BackportSpec, ...], str | None]:
     return tuple(items), None
 
 
+def _label(spec: BackportSpec) -> str:
+    backport_id = getattr(spec, "id", None)
+    return repr(backport_id) if isinstance(backport_id, str) else f"(id {backport_id!r:.40})"
+
+
 def _load_one(entry_point: importlib.metadata.EntryPoint) -> _Plugin:
     distribution, source = _source(entry_point)
     try:
         entries, problem = _as_entries(entry_point.load())
-    except Exception as exc:  # a plugin's bug must not break the job that imports megatron
-        problem = f"failed to load {entry_point.value}: {type(exc).__name__}: {exc}"
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        # A plugin's bug must not break (nor end: SystemExit from an argparse at module
+        # level) the job that imports megatron. Only the user's Ctrl-C goes through.
+        problem = f"failed to load {entry_point.value}: {_one_line(exc)}"
         entries = ()
-    return _Plugin(entry_point.name, distribution, source, entries, problem)
+    return _Plugin(entry_point.name, distribution, source, entries, problem, entry_point.module)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 def _skipped(distribution: str, names: frozenset[str]) -> bool:
     return canonicalize_name(distribution) in names
+
+
+def _refused(plugin: _Plugin, builtin_ids: set[str], allowed: frozenset[str]) -> _Plugin:
+    """``plugin`` without its entries if one takes a builtin's id, or the builtin prefix
+    without the user's leave: a plugin never knocks out a builtin."""
+    ids = [spec.id for spec in plugin.entries]
+    taken = [i for i in ids if i in builtin_ids]
+    if taken:
+        problem = (
+            f"claims {', '.join(taken)}, the id of a builtin entry: the builtin is kept and "
+            "this plugin withheld (give its entry another id)"
+        )
+        return replace(plugin, entries=(), problem=problem)
+    prefixed = [i for i in ids if i.startswith(BUILTIN_PREFIX)]
+    if prefixed and not _skipped(plugin.distribution, allowed):
+        problem = (
+            f"claims {', '.join(prefixed)}: the prefix {BUILTIN_PREFIX} is for builtin entries "
+            f"(allow it with {switches.ALLOW_BUILTIN_IDS}={plugin.distribution})"
+        )
+        return replace(plugin, entries=(), problem=problem)
+    return plugin
 
 
 def _discover(environ: Mapping[str, str] | None) -> tuple[list[_Plugin], list[Withheld]]:
@@ -142,10 +195,14 @@ def _claims(builtins: Sequence[BackportSpec], plugins: list[_Plugin]) -> dict[st
 def load(builtins: Sequence[BackportSpec], environ: Mapping[str, str] | None = None) -> Loaded:
     """The builtins and every plugin's entries, with duplicates and failures withheld.
 
-    An id claimed twice is applied from no source: one ``incompatible`` record names every
-    claimant, and each plugin entry point that claims it contributes nothing else either.
+    A plugin claiming a builtin's id is withheld, the builtin kept. An id two plugins claim
+    is applied from neither: one ``incompatible`` record names both, and each entry point
+    that claims it contributes nothing else either.
     """
     plugins, withheld = _discover(environ)
+    allowed = frozenset(canonicalize_name(n) for n in switches.builtin_ids_allowed(environ))
+    builtin_ids = {spec.id for spec in builtins}
+    plugins = [_refused(plugin, builtin_ids, allowed) for plugin in plugins]
     claims = _claims(builtins, plugins)
     clashing = {i: who for i, who in claims.items() if len(who) > 1}
     for backport_id, who in clashing.items():
@@ -153,6 +210,7 @@ def load(builtins: Sequence[BackportSpec], environ: Mapping[str, str] | None = N
         withheld.append(Withheld(backport_id, ", ".join(who), Verdict.INCOMPATIBLE, reason))
     entries = [spec for spec in builtins if spec.id not in clashing]
     sources = {spec.id: BUILTIN for spec in entries}
+    origins: dict[str, tuple[str, str]] = {}
     for plugin in plugins:
         ids = [spec.id for spec in plugin.entries]
         if plugin.problem is not None:
@@ -166,7 +224,9 @@ def load(builtins: Sequence[BackportSpec], environ: Mapping[str, str] | None = N
         else:
             entries.extend(plugin.entries)
             sources.update(dict.fromkeys(ids, plugin.source))
-    return Loaded(tuple(entries), sources, tuple(_unique_ids(withheld, set(sources))))
+            origins.update(dict.fromkeys(ids, (plugin.distribution, plugin.module)))
+    unique = tuple(_unique_ids(withheld, set(sources)))
+    return Loaded(tuple(entries), sources, unique, origins)
 
 
 def _unique_ids(withheld: list[Withheld], taken: set[str]) -> list[Withheld]:

@@ -15,7 +15,7 @@ from .report import Verdict
 from .targets import ResolvedTarget, TargetMissing, resolve_target
 from .vendored import Integrity, check_integrity, read_upstream, vendored_module
 from .vendored_sniff import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, folder_name, sniff_replacement
-from .versions import describe, installed_version
+from .versions import describe, installed_version, release_predates
 
 __all__ = ["ProbeResult", "probe", "probe_without_import"]
 
@@ -41,7 +41,11 @@ def _version_claim(spec: BackportSpec, evidence: dict[str, Any]) -> bool | None:
     version = evidence["distribution"]["version"]
     if version is None or spec.fixed_in is None:
         return None
-    return Version(version) >= spec.fixed_in
+    installed = Version(version)
+    same_release = Version(installed.base_version) == Version(spec.fixed_in.base_version)
+    if installed.is_prerelease and same_release:
+        return None  # a pre-release of the fixing release may or may not carry the fix
+    return installed >= spec.fixed_in
 
 
 def probe_without_import(spec: BackportSpec) -> ProbeResult:
@@ -82,7 +86,7 @@ def probe_without_import(spec: BackportSpec) -> ProbeResult:
     missing = [name for name, info in others.items() if info["version"] is None]
     if missing:
         return ProbeResult(Verdict.ABSENT, f"{', '.join(missing)} is not installed", evidence)
-    if installed.version < spec.target_since:
+    if release_predates(installed.version, spec.target_since):
         return ProbeResult(
             Verdict.ABSENT,
             f"{describe(spec.target.distribution, evidence['distribution'])} predates "
@@ -194,10 +198,13 @@ def probe(spec: BackportSpec, upstream_only: bool | None = None) -> ProbeResult:
         if spec.guard is not None:
             return _probe_guard(spec, evidence)
         return _probe_target(spec, evidence, upstream_only)
-    except Exception as exc:
-        return ProbeResult(
-            Verdict.INCOMPATIBLE, f"probe failed: {type(exc).__name__}: {exc}", evidence
-        )
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        # A sniff (a plugin's, say) that calls sys.exit() must not end the job: only the
+        # user's Ctrl-C goes through.
+        what = " ".join(f"{type(exc).__name__}: {exc}".split())
+        return ProbeResult(Verdict.INCOMPATIBLE, f"probe failed: {what}", evidence)
 
 
 def _resolve_all(spec: BackportSpec) -> tuple[ResolvedTarget, ...] | str:

@@ -4,13 +4,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import import_guards
-from .catalog import entries
+from .catalog import by_id, entries
 from .errors import BackportError
 from .once_per_job import is_rank_zero
 from .patcher import installed
 from .vendored import check_integrity, read_upstream
 
-__all__ = ["disagreement", "installed_backports", "is_rank_zero", "verify_ranks"]
+__all__ = [
+    "disagreement",
+    "installed_backports",
+    "is_rank_zero",
+    "running_backports",
+    "verify_ranks",
+]
+
+_UPSTREAM_ONLY = "upstream-only"  # api.UPSTREAM_ONLY: api imports this package's users
 
 
 def installed_backports() -> dict[str, str]:
@@ -22,8 +30,29 @@ def installed_backports() -> dict[str, str]:
     }
 
 
+def running_backports() -> dict[str, str]:
+    """What each installed backport runs: id -> "<sha256 of the vendored file> <mode>", and
+    the local changes in force: the same vendored file upstream-only, or with other local
+    changes (another version of this package), is other code."""
+    running = {}
+    for backport_id, sha in installed_backports().items():
+        installation = installed(backport_id)
+        guard = import_guards.installed(backport_id)
+        mode = str(getattr(getattr(installation, "replacement", None), "__backport_mode__", ""))
+        mode = (guard.mode if guard is not None else mode) or "local-changes"
+        changes = (
+            [] if mode == _UPSTREAM_ONLY else [c.name for c in by_id(backport_id).local_changes]
+        )
+        running[backport_id] = f"{sha} {mode}" + (f" [{', '.join(changes)}]" if changes else "")
+    return running
+
+
 def _describe(backports: Mapping[str, str]) -> str:
-    return ", ".join(f"{bid} ({sha[:12]})" for bid, sha in sorted(backports.items())) or "none"
+    """ "a (1234abcd5678 upstream-only)": the short hash, and the mode where it is given."""
+    return (
+        ", ".join(f"{bid} ({what[:12]}{what[64:]})" for bid, what in sorted(backports.items()))
+        or "none"
+    )
 
 
 def _rank_list(ranks: Sequence[int], noun: str = "rank") -> str:
@@ -58,7 +87,8 @@ def disagreement(
 
 
 def verify_ranks(group: Any = None) -> dict[str, str]:
-    """Check every rank of ``group`` runs the same backports; returns this rank's set.
+    """Check every rank of ``group`` runs the same backports, in the same mode with the same
+    local changes (``running_backports``); returns this rank's set (id -> sha256).
 
     Call after ``torch.distributed.init_process_group`` and after megatron's target
     modules are imported (a deferred backport installs on that import). Ranks running
@@ -71,7 +101,8 @@ def verify_ranks(group: Any = None) -> dict[str, str]:
         raise BackportError("verify_ranks() needs torch.distributed initialised first")
     mine = installed_backports()
     gathered: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, mine, group=group)
+    # Compared: the vendored code, the mode and the local changes each rank runs.
+    dist.all_gather_object(gathered, running_backports(), group=group)
     ranks = [i if group is None else dist.get_global_rank(group, i) for i in range(len(gathered))]
     found = disagreement(ranks, gathered)
     if found is not None:

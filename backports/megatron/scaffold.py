@@ -206,13 +206,32 @@ def read_target(spec: str) -> TargetInfo:
 # ---- writing the distribution --------------------------------------------------------------
 
 
+def _check_prefix(scaffold: Scaffold) -> None:
+    """A plugin never takes a builtin's id, nor the builtin prefix unasked: the loader would
+    withhold it (see plugins)."""
+    from .catalog import CATALOG
+    from .plugins import BUILTIN_PREFIX
+
+    if scaffold.id in {spec.id for spec in CATALOG}:
+        raise BackportError(
+            f"--id {scaffold.id} is a builtin entry's id: a plugin under it is never loaded "
+            "(--allow-builtin-prefix does not change that); give it your own id"
+        )
+    if scaffold.id.startswith(BUILTIN_PREFIX) and not scaffold.allow_builtin_prefix:
+        raise BackportError(
+            f"--id {scaffold.id}: the prefix {BUILTIN_PREFIX} is for builtin entries; use "
+            f"your own (e.g. acme-{scaffold.id.removeprefix(BUILTIN_PREFIX)}), or pass "
+            "--allow-builtin-prefix and set MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS=<distribution>"
+        )
+
+
 def _check(scaffold: Scaffold) -> None:
     """Every value lands in Python, TOML and Markdown: one that is not plainly what its flag
     names is refused (blamed on that flag), never written."""
     if not _ID.fullmatch(scaffold.id):
         raise BackportError(
             f"--id must be lowercase words joined by '-', starting with a letter "
-            f"(megatron-lm-9999), not {scaffold.id!r}"
+            f"(acme-9999), not {scaffold.id!r}"
         )
     if scaffold.pr <= 0:
         raise BackportError(f"--pr must be a positive pull-request number, not {scaffold.pr}")
@@ -227,6 +246,7 @@ def _check(scaffold: Scaffold) -> None:
         scaffold.package.isidentifier() and scaffold.package.isascii()
     ):
         raise BackportError(f"--package must be a Python name, not {scaffold.package!r}")
+    _check_prefix(scaffold)
     if scaffold.dest.exists() or scaffold.dest.is_symlink():
         raise BackportError(f"{scaffold.dest} exists: `backports new` never overwrites")
 

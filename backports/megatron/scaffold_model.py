@@ -47,6 +47,9 @@ class Scaffold:
     sha: str | None = None
     package: str | None = None
     since: str | None = None  # the first release with the target; None: "0", behaviour decides
+    # The id may start with the builtin prefix (megatron-lm-); loading it then needs
+    # MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS too. A builtin's own id is refused regardless.
+    allow_builtin_prefix: bool = False
 
     @property
     def package_name(self) -> str:

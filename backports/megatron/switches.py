@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from .errors import BackportWarning
 
 __all__ = [
+    "ALLOW_BUILTIN_IDS",
     "ENABLE",
     "FALSE",
     "NAMES",
@@ -29,6 +30,7 @@ __all__ = [
     "SKIP_PLUGINS",
     "TRUE",
     "UPSTREAM_ONLY",
+    "builtin_ids_allowed",
     "disabled_reason",
     "enabled",
     "flag",
@@ -42,6 +44,8 @@ ENABLE = "MEGATRON_BACKPORTS"  # off: every backport is disabled
 SKIP = "MEGATRON_BACKPORTS_SKIP"  # comma-separated ids to disable
 UPSTREAM_ONLY = "MEGATRON_BACKPORTS_UPSTREAM_ONLY"  # on: vendored code, no local changes
 SKIP_PLUGINS = "MEGATRON_BACKPORTS_SKIP_PLUGINS"  # comma-separated distributions not to load
+# Comma-separated distributions whose entries may use the builtin prefix (megatron-lm-).
+ALLOW_BUILTIN_IDS = "MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS"
 NAMES = (ENABLE, SKIP, UPSTREAM_ONLY, SKIP_PLUGINS)
 
 TRUE = frozenset({"1", "true", "on", "yes"})
@@ -124,6 +128,11 @@ def skipped_ids(environ: Mapping[str, str] | None = None) -> frozenset[str]:
 def skipped_plugins(environ: Mapping[str, str] | None = None) -> frozenset[str]:
     """The distributions ``MEGATRON_BACKPORTS_SKIP_PLUGINS`` names (as written)."""
     return _names(SKIP_PLUGINS, environ)
+
+
+def builtin_ids_allowed(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The distributions ``MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS`` names (as written)."""
+    return _names(ALLOW_BUILTIN_IDS, environ)
 
 
 def disabled_reason(backport_id: str, environ: Mapping[str, str] | None = None) -> str | None:

@@ -8,6 +8,9 @@ only if everything that decided it is unchanged. The key covers:
 - Python (version, bytecode tag) and the torch version the sniff ran on;
 - this package: the size and mtime of each of its files (so its version, the catalog, the
   probe, the sniffs), and the sha256 of every file of the entry's vendored folder;
+- a plugin's entry (not a builtin's): its distribution (name, version, RECORD's sha256) and
+  the sha256 of the module its entry point names and of its sniff's module, so that an
+  upgrade or an edit of the plugin is probed again;
 - the entry: its id, and per target the defining module's file (path and sha256), the
   sha256 of the function's code object as loaded, and the target distribution (version and
   the sha256 of its RECORD, which lists the hash of every installed file).
@@ -23,9 +26,15 @@ alone (``vendored_behaviour``, see probe): one proved in the other mode is probe
 
 Where: ``MEGATRON_BACKPORTS_CACHE_DIR`` if set, else ``<sys.prefix>/var/cache/
 megatron-backports`` (the venv's own), else, where that cannot be written, the user cache
-dir (``$XDG_CACHE_HOME`` or ``~/.cache``) under a folder per environment.
-``MEGATRON_BACKPORTS_CACHE=0`` turns the cache off (read and write). Files are written
-whole (a temporary file renamed into place), one per backport id.
+dir (``$XDG_CACHE_HOME`` if absolute, as XDG says, or ``~/.cache``) under a folder per
+environment. Reads look in the one folder writes go to (the first that works), never in a
+later one. ``MEGATRON_BACKPORTS_CACHE=0`` turns the cache off (read and write). Files are
+written whole (a temporary file renamed into place), one per backport id.
+
+A verdict decides whether a fix runs, so the cache is trusted as pip and git trust theirs:
+a folder or file owned by another user, or writable by every user, is refused (said once,
+in one line), and only a regular file of at most ``MAX_BYTES`` is read (a FIFO or a link to
+``/dev/zero`` at its path must not hang or exhaust every process that imports megatron).
 """
 
 import hashlib
@@ -34,13 +43,16 @@ import json
 import logging
 import marshal
 import os
+import stat
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import switches
+from . import once_per_job, switches
+from .errors import BackportWarning
 from .model import BackportSpec, Target
 from .one_look import remembered
 from .targets import find_loaded_target
@@ -55,6 +67,7 @@ CACHE_DIR = "MEGATRON_BACKPORTS_CACHE_DIR"  # where the cache lives (default: se
 # the sniff on the vendored replacement (files of 1 were proved without it).
 FORMAT = 2
 KEPT = ("needed", "upstream")
+MAX_BYTES = 1 << 20  # an entry is a few kB; anything larger is not one of ours
 
 _LOG = logging.getLogger("backports.megatron")
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -69,7 +82,9 @@ def locations() -> list[Path]:
     override = os.environ.get(CACHE_DIR, "").strip()
     if override:
         return [Path(override)]
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # XDG: a relative path is invalid and is ignored
+        base = str(Path.home() / ".cache")
     per_environment = hashlib.sha256(sys.prefix.encode()).hexdigest()[:16]
     return [
         Path(sys.prefix) / "var" / "cache" / "megatron-backports",
@@ -178,6 +193,28 @@ def _target(target: Target, backport_id: str) -> dict[str, Any] | None:
     }
 
 
+def _module_sha256(name: str) -> str | None:
+    source = getattr(sys.modules.get(name), "__file__", None)
+    if not source or not os.path.isfile(source):
+        return None
+    return _sha256_file(Path(source))
+
+
+def _plugin(spec: BackportSpec, where: tuple[str, str]) -> dict[str, Any]:
+    """What of a plugin decides its entry's verdict besides the target: its distribution
+    (an upgrade changes version and RECORD) and its code (an editable install changes
+    neither when a file is edited)."""
+    name, module = where
+    dist, record = installed_distribution(name)
+    modules = sorted({module, getattr(spec.sniff, "__module__", None) or module})
+    return {
+        "name": name,
+        "version": None if dist is None else dist.version,
+        "record_sha256": None if record is None else hashlib.sha256(record.encode()).hexdigest(),
+        "modules": {m: _module_sha256(m) for m in modules},
+    }
+
+
 def fingerprint(spec: BackportSpec) -> dict[str, Any] | None:
     """Everything that decides ``spec``'s verdict here, or None if a target is not loaded."""
     targets = []
@@ -187,7 +224,7 @@ def fingerprint(spec: BackportSpec) -> dict[str, Any] | None:
             return None
         targets.append(keyed)
     torch = sys.modules.get("torch")
-    return {
+    key = {
         "format": FORMAT,
         "python": [sys.version, sys.implementation.cache_tag],
         "torch": getattr(torch, "__version__", None) if torch is not None else None,
@@ -196,6 +233,12 @@ def fingerprint(spec: BackportSpec) -> dict[str, Any] | None:
         "id": spec.id,
         "targets": targets,
     }
+    from .catalog import origin  # the catalog imports the entries: only a key needs it
+
+    where = origin(spec.id)
+    if where is not None:  # a builtin's key stays as it was: its code is ours
+        key["plugin"] = _plugin(spec, where)
+    return key
 
 
 def _digest(key: dict[str, Any]) -> str:
@@ -209,6 +252,85 @@ def _file_name(spec: BackportSpec) -> str:
     return f"{spec.id}.json"
 
 
+def _untrusted(path: Path | str, status: os.stat_result) -> str | None:
+    """Why another user could have written ``path``, or None."""
+    me = os.geteuid()
+    if status.st_uid != me:
+        return f"{path} is owned by uid {status.st_uid}, not by this user (uid {me})"
+    if status.st_mode & stat.S_IWOTH:
+        return f"{path} is writable by every user"
+    return None
+
+
+def _refuse(why: str) -> None:
+    """Say once per job (and log every time) why a cache folder or file is not used."""
+    message = f"megatron-backports: not using the verdict cache: {why}; probing instead"
+    _LOG.debug(message)
+    if once_per_job.claim(f"cache-refused:{why}"):
+        warnings.warn(message, BackportWarning, stacklevel=2)
+
+
+def _creatable(folder: Path) -> bool:
+    """Whether ``folder`` (missing) could be made: its nearest existing parent is writable."""
+    parent = folder.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    return parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
+
+
+def _home() -> Path | None:
+    """The folder the cache is read from: the first location that works, which is where
+    ``store`` writes. A later location is a fallback for writing, never read beside it."""
+    for folder in locations():
+        try:
+            status = os.stat(folder)
+        except FileNotFoundError:
+            if _creatable(folder):
+                return None  # the first write makes it: nothing to read anywhere yet
+            continue
+        except OSError:
+            continue
+        if not stat.S_ISDIR(status.st_mode) or not os.access(folder, os.W_OK | os.X_OK):
+            continue
+        why = _untrusted(folder, status)
+        if why is not None:
+            _refuse(why)
+            continue
+        return folder
+    return None
+
+
+def _read_entry(path: Path) -> object:
+    """The JSON of a cache file, read only if it is a regular file of ours of a bounded size.
+
+    Opened without blocking and without following a link: a FIFO or a device must never
+    stall the import of megatron."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise ValueError("not a regular file")
+        why = _untrusted(path, status)
+        if why is not None:
+            _refuse(why)
+            raise ValueError(why)
+        if status.st_size > MAX_BYTES:
+            raise ValueError(f"{status.st_size} bytes, more than {MAX_BYTES}")
+        chunks, size = [], 0
+        while size <= MAX_BYTES:
+            chunk = os.read(fd, MAX_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_BYTES:
+            raise ValueError(f"more than {MAX_BYTES} bytes")
+    finally:
+        os.close(fd)
+    return json.loads(b"".join(chunks).decode("utf-8"))
+
+
 def load(
     spec: BackportSpec, key: dict[str, Any], *, upstream_only: bool | None = None
 ) -> tuple[dict[str, Any], Path] | None:
@@ -216,22 +338,25 @@ def load(
 
     ``upstream_only``: the mode the backport is to install in (default:
     ``MEGATRON_BACKPORTS_UPSTREAM_ONLY``); a ``needed`` verdict must have proved the vendored
-    replacement in it.
+    replacement in it. Read from one folder only: the first location that works (``_home``).
     """
     if upstream_only is None:
         upstream_only = switches.upstream_only()
-    digest = _digest(key)
-    for folder in locations():
-        path = folder / _file_name(spec)
-        try:
-            entry = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            continue
-        except (OSError, ValueError) as exc:  # unreadable or corrupt: as if absent
-            _LOG.debug("ignoring the verdict cache %s: %r", path, exc)
-            continue
-        if _valid(entry) and entry["key"] == digest and _proves(entry, upstream_only):
-            return {k: entry[k] for k in ("verdict", "reason", "evidence")}, path
+    folder = _home()
+    if folder is None:
+        return None
+    path = folder / _file_name(spec)
+    try:
+        entry = _read_entry(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:  # unreadable, corrupt or refused: as if absent
+        _LOG.debug("ignoring the verdict cache %s: %r", path, exc)
+        return None
+    if not (_valid(entry) and isinstance(entry, dict)):
+        return None
+    if entry["key"] == _digest(key) and _proves(entry, upstream_only):
+        return {k: entry[k] for k in ("verdict", "reason", "evidence")}, path
     return None
 
 
@@ -276,7 +401,7 @@ def store(
     for folder in locations():
         try:
             return _write_atomically(folder, _file_name(spec), text)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             _LOG.debug("cannot write the verdict cache in %s: %r", folder, exc)
     return None
 
@@ -284,6 +409,10 @@ def store(
 def _write_atomically(folder: Path, name: str, text: str) -> Path:
     # A process reading meanwhile sees the old file or the new one, never half of one.
     folder.mkdir(parents=True, exist_ok=True)
+    why = _untrusted(folder, os.stat(folder))
+    if why is not None:  # another user's folder: what is written there cannot be trusted
+        _refuse(why)
+        raise ValueError(why)
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -16,7 +16,20 @@ from packaging.version import InvalidVersion, Version
 
 from .one_look import remembered
 
-__all__ = ["InstalledVersion", "describe", "installed_distribution", "installed_version"]
+__all__ = [
+    "InstalledVersion",
+    "describe",
+    "installed_distribution",
+    "installed_version",
+    "release_predates",
+]
+
+
+def release_predates(version: Version, release: Version) -> bool:
+    """Whether ``version``'s release number is below ``release``'s: ``0.19.0rc0`` does not
+    predate ``0.19`` (a pre-release of the first release with a target has the target),
+    though it sorts before it. The pre-release, dev and local parts are left out."""
+    return Version(version.base_version) < Version(release.base_version)
 
 
 @dataclass(frozen=True)

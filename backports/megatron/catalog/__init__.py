@@ -29,6 +29,7 @@ __all__ = [
     "VendoredRef",
     "by_id",
     "entries",
+    "origin",
     "reload",
     "select",
     "select_withheld",
@@ -108,6 +109,11 @@ def source(backport_id: str) -> str:
     if backport_id in loaded.sources:
         return loaded.sources[backport_id]
     return next((w.source for w in loaded.withheld if w.id == backport_id), "builtin")
+
+
+def origin(backport_id: str) -> tuple[str, str] | None:
+    """(distribution name, entry-point module) of a plugin's entry; None for a builtin."""
+    return _load().origins.get(backport_id)
 
 
 def _known() -> str:
