@@ -260,20 +260,30 @@ def _probe_target(spec: BackportSpec, evidence: dict[str, Any], upstream_only: b
         evidence["unfinished"] = True
         reason = f"the entry is unfinished: its sniff raised NotImplementedError: {exc}"
         return ProbeResult(Verdict.INCOMPATIBLE, reason, evidence, targets)
+    landed, lacks = _behaviour_reasons(spec, sniff, evidence)
+    if landed is not None:
+        return ProbeResult(Verdict.UPSTREAM, landed, evidence, targets)
+    unproven = _vendored_unproven(spec, targets, upstream_only, evidence)
+    if unproven is not None:
+        return ProbeResult(Verdict.INCOMPATIBLE, unproven, evidence, targets)
+    return ProbeResult(Verdict.NEEDED, lacks, evidence, targets)
+
+
+def _behaviour_reasons(
+    spec: BackportSpec, sniff: SniffResult, evidence: dict[str, Any]
+) -> tuple[str | None, str]:
+    """Record what the sniff on the installed code showed, cross-checked with version and
+    git; the reason it has landed (None while it has not), and the reason it is needed."""
     evidence["behaviour"] = {"fixed": sniff.fixed, **sniff.detail}
     notes = _cross_checks(spec, sniff.fixed, evidence)
     suffix = f" (disagrees: {'; '.join(notes)})" if notes else ""
     version = describe(spec.target.distribution, evidence["distribution"])
     if sniff.fixed:
-        reason = (
-            f"{version} already has the fix: {sniff.summary}{suffix}. {spec.delete_when_landed}"
+        return (
+            f"{version} already has the fix: {sniff.summary}{suffix}. {spec.delete_when_landed}",
+            "",
         )
-        return ProbeResult(Verdict.UPSTREAM, reason, evidence, targets)
-    unproven = _vendored_unproven(spec, targets, upstream_only, evidence)
-    if unproven is not None:
-        return ProbeResult(Verdict.INCOMPATIBLE, unproven, evidence, targets)
-    reason = f"{version} lacks the fix: {sniff.summary}{suffix}"
-    return ProbeResult(Verdict.NEEDED, reason, evidence, targets)
+    return None, f"{version} lacks the fix: {sniff.summary}{suffix}"
 
 
 def _git_evidence(spec: BackportSpec, evidence: dict[str, Any]) -> dict[str, Any]:
@@ -310,15 +320,9 @@ def _probe_guard(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
     evidence["git"] = _git_evidence(spec, evidence)
     stock: list[Any] = [import_guards.GuardTarget(module_name, import_guards.no_guard)]
     sniff = spec.sniff(stock)  # a GuardTarget stands where a ResolvedTarget would
-    evidence["behaviour"] = {"fixed": sniff.fixed, **sniff.detail}
-    notes = _cross_checks(spec, sniff.fixed, evidence)
-    suffix = f" (disagrees: {'; '.join(notes)})" if notes else ""
-    version = describe(spec.target.distribution, evidence["distribution"])
-    if sniff.fixed:
-        reason = (
-            f"{version} already has the fix: {sniff.summary}{suffix}. {spec.delete_when_landed}"
-        )
-        return ProbeResult(Verdict.UPSTREAM, reason, evidence)
+    landed, lacks = _behaviour_reasons(spec, sniff, evidence)
+    if landed is not None:
+        return ProbeResult(Verdict.UPSTREAM, landed, evidence)
     folder = folder_name(spec)
     try:
         alone = sniff_replacement(spec, vendored_module(spec.vendored), upstream_only=True)
@@ -331,9 +335,7 @@ def _probe_guard(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
     if not alone.fixed:
         reason = f"{folder} lacks the fix: {alone.summary}"
         return ProbeResult(Verdict.INCOMPATIBLE, reason, evidence)
-    return ProbeResult(
-        Verdict.NEEDED, f"{version} lacks the fix: {sniff.summary}{suffix}", evidence
-    )
+    return ProbeResult(Verdict.NEEDED, lacks, evidence)
 
 
 def _shown(result: SniffResult) -> dict[str, Any]:
