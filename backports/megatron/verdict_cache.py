@@ -217,6 +217,10 @@ def _plugin(spec: BackportSpec, where: tuple[str, str]) -> dict[str, Any]:
 
 def fingerprint(spec: BackportSpec) -> dict[str, Any] | None:
     """Everything that decides ``spec``'s verdict here, or None if a target is not loaded."""
+    if spec.guard is not None:
+        # An import guard's target is a module's execution, not an object to key, and
+        # apply() installs it without a probe: there is no verdict here to cache.
+        return None
     targets = []
     for target in _targets(spec):
         keyed = _target(target, spec.id)
