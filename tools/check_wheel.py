@@ -201,22 +201,17 @@ def check_commands(python: Path, work: Path) -> None:
 _IMPORTS_MEGATRON = """
 import importlib, json
 from backports.megatron.catalog import entries
-found = set()
+from backports.megatron.ranks import installed_backports
 for spec in entries():
     for target in spec.targets:
         for name in target.modules:
             try:
-                module = importlib.import_module(name)
+                importlib.import_module(name)
             except ImportError:
                 continue
-            owner = module
-            for part in target.attribute.split(".")[:-1]:
-                owner = getattr(owner, part)
-            installed = vars(owner).get(target.name)
-            if getattr(installed, "__backport__", None) == spec.id:
-                found.add(spec.id)
             break
-print(json.dumps(sorted(found)))
+# Replacements and import guards alike (#6964 guards a module's execution, not an attribute).
+print(json.dumps(sorted(installed_backports())))
 """
 
 
