@@ -21,6 +21,7 @@ from .errors import RewriteError, SourceError
 from .rewrite import (
     LIVE_TARGET,
     Provenance,
+    ToLive,
     Vendored,
     _check_reserved,
     _classify,
@@ -31,6 +32,7 @@ from .rewrite import (
     _segment,
     defines,
     find_function,
+    replace_names,
 )
 
 __all__ = ["Piece", "render_pieces"]
@@ -112,29 +114,6 @@ def _live_expr(module: str, main_module: str) -> str:
     return f"{LIVE_TARGET}()" if module == main_module else f'{LIVE_MODULE}("{module}")'
 
 
-def _replace(segment: str, nodes: list[ast.Name], live: str) -> str:
-    """Each node's text replaced by ``live.NAME``; ast columns are UTF-8 byte offsets."""
-    lines = [line.encode("utf-8") for line in segment.splitlines(keepends=True)]
-    for node in sorted(nodes, key=lambda n: (n.lineno, n.col_offset), reverse=True):
-        assert node.end_col_offset is not None and node.end_lineno == node.lineno
-        line = lines[node.lineno - 1]
-        new = f"{live}.{node.id}".encode()
-        lines[node.lineno - 1] = line[: node.col_offset] + new + line[node.end_col_offset :]
-    return b"".join(lines).decode("utf-8")
-
-
-class _ToLive(ast.NodeTransformer):
-    def __init__(self, nodes: list[ast.Name], live: str) -> None:
-        self._ids = {id(node) for node in nodes}
-        self._live = live
-
-    def visit_Name(self, node: ast.Name) -> ast.expr:
-        if id(node) not in self._ids:
-            return node
-        base = ast.parse(self._live, mode="eval").body
-        return ast.Attribute(base, node.id, ast.Load())
-
-
 def _verify(rewritten: str, segment: str, nodes: list[ast.Name], live: str) -> None:
     """The text edit must equal the tree edit: upstream's code, its names made live."""
     try:
@@ -146,7 +125,7 @@ def _verify(rewritten: str, segment: str, nodes: list[ast.Name], live: str) -> N
     same = [
         n for n in ast.walk(tree) if isinstance(n, ast.Name) and (n.lineno, n.col_offset) in ids
     ]
-    want = _ToLive(same, live).visit(tree)
+    want = ToLive(same, live).visit(tree)
     if ast.dump(got) != ast.dump(want):
         raise RewriteError("the rewritten text is not the upstream code with live reads")
 
@@ -198,7 +177,7 @@ def _render_piece(
             "defined (a decorator, a default, a class body); a live look-up cannot serve that"
         )
     live_expr = _live_expr(piece.module, main_module)
-    text = _replace(segment, live, live_expr)
+    text = replace_names(segment, live, live_expr)
     _verify(text, segment, live, live_expr)
     future = set(names.future) | ({"annotations"} if lazy else set())
     imports = {name: item for name, item in names.imports.items() if name in used}

@@ -349,26 +349,29 @@ def _check_reserved(func: ast.FunctionDef) -> None:
             raise RewriteError(f"{func.name} uses the name {name!r}, which vendored code reserves")
 
 
-def _replace_names(segment: str, nodes: list[ast.Name]) -> str:
-    """Replace each node's text by a live look-up; ast columns are UTF-8 byte offsets."""
+def replace_names(segment: str, nodes: list[ast.Name], live: str) -> str:
+    """Each node's text replaced by ``live.NAME``; ast columns are UTF-8 byte offsets."""
     lines = [line.encode("utf-8") for line in segment.splitlines(keepends=True)]
     for node in sorted(nodes, key=lambda n: (n.lineno, n.col_offset), reverse=True):
         assert node.end_col_offset is not None and node.end_lineno == node.lineno
         line = lines[node.lineno - 1]
-        live = f"{LIVE_TARGET}().{node.id}".encode()
-        lines[node.lineno - 1] = line[: node.col_offset] + live + line[node.end_col_offset :]
+        new = f"{live}.{node.id}".encode()
+        lines[node.lineno - 1] = line[: node.col_offset] + new + line[node.end_col_offset :]
     return b"".join(lines).decode("utf-8")
 
 
-class _ToLive(ast.NodeTransformer):
-    def __init__(self, nodes: list[ast.Name]) -> None:
+class ToLive(ast.NodeTransformer):
+    """The tree edit ``replace_names`` must match: each node becomes ``live.NAME``."""
+
+    def __init__(self, nodes: list[ast.Name], live: str) -> None:
         self._ids = {id(node) for node in nodes}
+        self._live = live
 
     def visit_Name(self, node: ast.Name) -> ast.expr:
         if id(node) not in self._ids:
             return node
-        call = ast.Call(ast.Name(LIVE_TARGET, ast.Load()), [], [])
-        return ast.Attribute(call, node.id, ast.Load())
+        base = ast.parse(self._live, mode="eval").body
+        return ast.Attribute(base, node.id, ast.Load())
 
 
 def _verify(rewritten: str, segment_tree: ast.Module, nodes: list[ast.Name]) -> None:
@@ -377,7 +380,7 @@ def _verify(rewritten: str, segment_tree: ast.Module, nodes: list[ast.Name]) -> 
         got = ast.parse(rewritten)
     except SyntaxError as exc:
         raise RewriteError(f"the vendored result does not compile: {exc}") from exc
-    want = _ToLive(nodes).visit(segment_tree)
+    want = ToLive(nodes, f"{LIVE_TARGET}()").visit(segment_tree)
     if ast.dump(got) != ast.dump(want):
         raise RewriteError("the rewritten text is not the upstream function with live reads")
 
@@ -431,7 +434,7 @@ def render_vendored(source: str, symbol: str, provenance: Provenance) -> Vendore
         )
     # Annotations that name the module's globals stay unevaluated text, never looked up.
     future = tuple(dict.fromkeys([*names.future, *(["annotations"] * lazy_annotations)]))
-    rewritten = _replace_names(segment, live)
+    rewritten = replace_names(segment, live, f"{LIVE_TARGET}()")
     _verify(rewritten, segment_tree, live)
     reads = tuple(sorted({node.id for node in live}))
     imports = _import_lines([item for name, item in names.imports.items() if name in used_imports])
