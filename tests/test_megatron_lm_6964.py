@@ -248,3 +248,41 @@ def test_the_guard_runs_around_the_module_execution_and_only_while_installed(tin
     import_guards.uninstall("test-guard")
     sys.modules.pop("guarded_by_test")
     assert importlib.import_module("guarded_by_test").RAN_INSIDE is False
+
+
+@pytest.mark.slow
+def test_status_runs_the_two_children_at_once_and_then_reuses_their_verdict(monkeypatch, tmp_path):
+    """Cold: both children (stock and vendored guard) run, side by side. Warm: none runs,
+    and the verdict, reason and what the children saw are the cold run's."""
+    import time
+
+    from backports.megatron.catalog import megatron_lm_6964
+
+    monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE", "1")
+    monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(megatron_lm_6964, "_SEEN", {})  # no answer remembered in this process
+    spans: list[tuple[float, float]] = []
+    real = megatron_lm_6964.import_in_child
+
+    def timed(guard, first_on_path):
+        start = time.monotonic()
+        try:
+            return real(guard, first_on_path)
+        finally:
+            spans.append((start, time.monotonic()))
+
+    monkeypatch.setattr(megatron_lm_6964, "import_in_child", timed)
+    cold = report_for(status(only=ID), ID)
+    assert cold.verdict is Verdict.NEEDED and cold.evidence["cache"]["hit"] is False
+    assert len(spans) == 2
+    (first, second) = sorted(spans)
+    assert second[0] < first[1]  # the second started before the first ended
+    shown = cold.evidence["vendored_behaviour"]
+    assert shown["upstream-only"]["fixed"] is True and shown["local-changes"]["fixed"] is True
+
+    monkeypatch.setattr(megatron_lm_6964, "_SEEN", {})
+    warm = report_for(status(only=ID), ID)
+    assert len(spans) == 2  # no child this time
+    assert warm.evidence["cache"]["hit"] is True
+    assert (warm.verdict, warm.reason) == (cold.verdict, cold.reason)
+    assert warm.evidence["behaviour"] == cold.evidence["behaviour"]

@@ -27,7 +27,7 @@ from .catalog import entries, select, select_withheld, source, withheld
 from .errors import BackportError, BackportWarning
 from .model import BackportSpec
 from .one_look import one_look
-from .probe import ProbeResult, probe, probe_without_import
+from .probe import ProbeResult, guard_target_evidence, probe, probe_without_import
 from .report import Action, Report, Verdict
 from .targets import all_loaded, find_loaded_target, live_decorator, resolve_target
 from .vendored import replacement_functions, vendored_module
@@ -270,6 +270,40 @@ def _probe_with_cache(spec: BackportSpec, upstream_only: bool) -> ProbeResult:
         kept = verdict_cache.store(spec, key, str(result.verdict), result.reason, result.evidence)
         result.evidence["cache"] = {"hit": False, "file": None if kept is None else str(kept)}
     return result
+
+
+def _probe_guard_with_cache(spec: BackportSpec, upstream_only: bool) -> ProbeResult:
+    """An import guard's ``probe(spec)`` (two child interpreters importing torch and
+    megatron), or the verdict one proved for the very same interpreter, path, files and
+    environment (``verdict_cache``); a verdict probed here is kept for the next command.
+    What describes this process (the guard installed, the module executed) is read afresh."""
+    if not verdict_cache.enabled():
+        return probe(spec, upstream_only)
+    try:
+        key = verdict_cache.fingerprint(spec)
+        hit = None if key is None else verdict_cache.load(spec, key, upstream_only=upstream_only)
+    except Exception as exc:  # an optimisation only: never a reason to fail or to skip
+        _LOG.debug("verdict cache not used for %s: %r", spec.id, exc)
+        key, hit = None, None
+    if hit is not None:
+        stored, path = hit
+        target = guard_target_evidence(spec)
+        evidence = {**stored["evidence"], "target": target, "targets": [target]}
+        evidence["cache"] = {"hit": True, "file": str(path)}
+        return ProbeResult(Verdict(stored["verdict"]), stored["reason"], evidence)
+    result = probe(spec, upstream_only)
+    if key is not None:
+        kept = verdict_cache.store(spec, key, str(result.verdict), result.reason, result.evidence)
+        result.evidence["cache"] = {"hit": False, "file": None if kept is None else str(kept)}
+    return result
+
+
+def _probe_for_status(spec: BackportSpec, upstream_only: bool | None = None) -> ProbeResult:
+    """What ``status`` and ``check`` probe: a function target afresh (milliseconds, once
+    megatron is imported), an import guard through the verdict cache."""
+    if spec.guard is None:
+        return probe(spec, upstream_only)
+    return _probe_guard_with_cache(spec, upstream_only_requested(upstream_only))
 
 
 def _hook_key(spec: BackportSpec) -> str:
@@ -518,7 +552,7 @@ def probe_ignoring_switches(spec: BackportSpec) -> Report:
     """What the probe finds for ``spec`` whatever the environment's switches say (``check``
     probes a disabled backport too); changes nothing."""
     with one_look():
-        result = probe(spec)
+        result = _probe_for_status(spec)
     return Report(spec.id, result.verdict, Action.WOULD_SKIP, result.reason, result.evidence)
 
 
@@ -528,7 +562,7 @@ def _status_one(spec: BackportSpec) -> Report:
         return Report(spec.id, Verdict.DISABLED, Action.WOULD_SKIP, reason)
     mode = installed_mode(spec.id)
     upstream_only = upstream_only_requested() if mode is None else mode == UPSTREAM_ONLY
-    result = probe(spec, upstream_only)
+    result = _probe_for_status(spec, upstream_only)
     if mode is not None:
         action = Action.ALREADY_INSTALLED
     elif result.verdict is Verdict.NEEDED:

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from . import switches
+from . import switches, verdict_cache
 from .catalog import select
 from .errors import BackportError
 from .report import Action, Report, Verdict
@@ -151,6 +151,9 @@ def _run_child(
     candidate: Path, only: Sequence[str], timeout: float, verbose: bool
 ) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in _CLEARED_ENV}
+    # A candidate's verdict is not this environment's: kept in the cache (one file per
+    # backport), it would displace the one `status` reuses.
+    env[verdict_cache.CACHE] = "0"
     with tempfile.TemporaryDirectory(prefix="backports-audit-out-") as tmp:
         out = Path(tmp) / "result.json"
         ours = Path(__file__).resolve().parents[2]  # the folder holding backports/

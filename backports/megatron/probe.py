@@ -2,6 +2,7 @@
 
 import inspect
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from .vendored import Integrity, check_integrity, read_upstream, vendored_module
 from .vendored_sniff import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, folder_name, sniff_replacement
 from .versions import describe, installed_version, release_predates
 
-__all__ = ["ProbeResult", "probe", "probe_without_import"]
+__all__ = ["ProbeResult", "guard_target_evidence", "probe", "probe_without_import"]
 
 
 @dataclass
@@ -196,7 +197,7 @@ def probe(spec: BackportSpec, upstream_only: bool | None = None) -> ProbeResult:
         upstream_only = switches.upstream_only()
     try:
         if spec.guard is not None:
-            return _probe_guard(spec, evidence)
+            return _probe_guard(spec, evidence, upstream_only)
         return _probe_target(spec, evidence, upstream_only)
     except KeyboardInterrupt:
         raise
@@ -301,41 +302,60 @@ def _git_evidence(spec: BackportSpec, evidence: dict[str, Any]) -> dict[str, Any
     )
 
 
-def _probe_guard(spec: BackportSpec, evidence: dict[str, Any]) -> ProbeResult:
-    """An import guard: its module is judged under the guard in force in megatron as it
-    stands (none), then under the vendored guard, each in a child process (the module is
-    never executed here, where it must wait for the guard). No local changes: one mode."""
+def guard_target_evidence(spec: BackportSpec) -> dict[str, Any]:
+    """An import guard's ``evidence["target"]`` as this process stands (a cached verdict's
+    evidence gets it afresh: whether the guard is installed here, the module executed)."""
     guard = spec.guard
     assert guard is not None
     module_name = guard.modules[0]
-    installation = import_guards.installed(spec.id)
-    evidence["target"] = {
+    return {
         "module": module_name,
         "attribute": guard.attribute,
         "kind": "import-guard",
-        "installed": installation is not None,
+        "installed": import_guards.installed(spec.id) is not None,
         "executed": module_name in sys.modules,
     }
+
+
+def _probe_guard(spec: BackportSpec, evidence: dict[str, Any], upstream_only: bool) -> ProbeResult:
+    """An import guard: its module is judged under the guard in force in megatron as it
+    stands (none), and under the vendored guard, each in a child process (the module is
+    never executed here, where it must wait for the guard). The two run at once: each
+    child spends seconds importing torch and megatron. No local changes: the vendored
+    guard alone is what either mode installs."""
+    guard = spec.guard
+    assert guard is not None
+    module_name = guard.modules[0]
+    evidence["target"] = guard_target_evidence(spec)
     evidence["targets"] = [evidence["target"]]
     evidence["git"] = _git_evidence(spec, evidence)
     stock: list[Any] = [import_guards.GuardTarget(module_name, import_guards.no_guard)]
-    sniff = spec.sniff(stock)  # a GuardTarget stands where a ResolvedTarget would
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="backports-sniff") as pool:
+        vendored = pool.submit(_sniff_vendored_guard, spec)
+        sniff = spec.sniff(stock)  # a GuardTarget stands where a ResolvedTarget would
+        alone = vendored.result()  # also when the stock code has the fix: never left running
     landed, lacks = _behaviour_reasons(spec, sniff, evidence)
     if landed is not None:
         return ProbeResult(Verdict.UPSTREAM, landed, evidence)
-    folder = folder_name(spec)
-    try:
-        alone = sniff_replacement(spec, vendored_module(spec.vendored), upstream_only=True)
-    except Exception as exc:  # the vendored module cannot be imported
-        first_line = (str(exc).splitlines() or [""])[0]
-        alone = SniffResult(
-            False, f"{folder} cannot be imported: {type(exc).__name__}: {first_line}"
-        )
-    evidence["vendored_behaviour"] = {UPSTREAM_ONLY: _shown(alone)}
+    shown = _shown(alone)
+    evidence["vendored_behaviour"] = {UPSTREAM_ONLY: shown}
+    if not upstream_only and not spec.local_changes:
+        evidence["vendored_behaviour"][WITH_LOCAL_CHANGES] = shown  # the same guard
     if not alone.fixed:
-        reason = f"{folder} lacks the fix: {alone.summary}"
+        reason = f"{folder_name(spec)} lacks the fix: {alone.summary}"
         return ProbeResult(Verdict.INCOMPATIBLE, reason, evidence)
     return ProbeResult(Verdict.NEEDED, lacks, evidence)
+
+
+def _sniff_vendored_guard(spec: BackportSpec) -> SniffResult:
+    """The sniff on the module imported under the vendored guard; never raises."""
+    try:
+        return sniff_replacement(spec, vendored_module(spec.vendored), upstream_only=True)
+    except Exception as exc:  # the vendored module cannot be imported
+        first_line = (str(exc).splitlines() or [""])[0]
+        return SniffResult(
+            False, f"{folder_name(spec)} cannot be imported: {type(exc).__name__}: {first_line}"
+        )
 
 
 def _shown(result: SniffResult) -> dict[str, Any]:

@@ -15,6 +15,13 @@ only if everything that decided it is unchanged. The key covers:
   sha256 of the function's code object as loaded, and the target distribution (version and
   the sha256 of its RECORD, which lists the hash of every installed file).
 
+An import guard's entry (its sniff imports the module in two child interpreters: seconds,
+so ``status`` and ``check`` reuse it) is keyed instead on the interpreter, ``sys.path``, the
+guarded module's file (sha256) and distribution (version, RECORD's sha256), the vendored
+folder, our own files, a plugin's parts as above, and what every folder of ``sys.path``
+offers an import (package and module names, each distribution's metadata by size and
+mtime: flash-attn-4, which the vendored guard asks about, and whatever the module imports).
+
 Any difference, an unreadable or corrupt cache file, or a target that is not loaded, not
 the module's own function, or not a file of the installed distribution (a source checkout
 or an editable install, whose other files RECORD does not follow) means: probe as before
@@ -216,11 +223,10 @@ def _plugin(spec: BackportSpec, where: tuple[str, str]) -> dict[str, Any]:
 
 
 def fingerprint(spec: BackportSpec) -> dict[str, Any] | None:
-    """Everything that decides ``spec``'s verdict here, or None if a target is not loaded."""
+    """Everything that decides ``spec``'s verdict here, or None if a target is not loaded
+    (an import guard: None if its module is not a file of the installed distribution)."""
     if spec.guard is not None:
-        # An import guard's target is a module's execution, not an object to key, and
-        # apply() installs it without a probe: there is no verdict here to cache.
-        return None
+        return _guard_key(spec)
     targets = []
     for target in _targets(spec):
         keyed = _target(target, spec.id)
@@ -237,12 +243,111 @@ def fingerprint(spec: BackportSpec) -> dict[str, Any] | None:
         "id": spec.id,
         "targets": targets,
     }
+    return _with_plugin(spec, key)
+
+
+def _with_plugin(spec: BackportSpec, key: dict[str, Any]) -> dict[str, Any]:
     from .catalog import origin  # the catalog imports the entries: only a key needs it
 
     where = origin(spec.id)
     if where is not None:  # a builtin's key stays as it was: its code is ours
         key["plugin"] = _plugin(spec, where)
     return key
+
+
+# ---- an import guard's key -----------------------------------------------------------------
+# Its sniff imports the guarded module in child interpreters, one per guard (stock, then
+# vendored), each with a stale ``flash_attn`` first on this process's ``sys.path`` and the
+# backports off: seconds of torch and megatron imports that ``status`` and ``check`` would
+# pay in every run. What the children's answer depends on: the interpreter, the path they
+# search, the module's file and every file its distribution installed, the vendored guard,
+# our own code (the sniff, the child's script, the stale stub) and whatever else the import
+# reaches on that path: any distribution (flash-attn, flash-attn-4 -- which the vendored
+# guard asks importlib.metadata about --, nvidia-cutlass-dsl, torch, Transformer Engine...)
+# or a package put there by hand.
+
+# What an import can reach in a folder of sys.path: a package or namespace folder, a module,
+# an extension; and the metadata of each distribution installed there.
+_IMPORTABLE = (".py", ".so", ".pyd", ".dist-info", ".egg-info", ".egg-link", ".egg")
+_METADATA = ("RECORD", "METADATA", "PKG-INFO")
+
+
+def _module_file(module: str) -> Path | None:
+    """The guarded module's file as a child with this ``sys.path`` finds it, without
+    importing anything (megatron's packages import it)."""
+    relative = Path(*module.split("."))
+    for entry in sys.path:
+        for candidate in (relative.with_suffix(".py"), relative / "__init__.py"):
+            path = Path(entry or ".") / candidate
+            if path.is_file():
+                return path
+    return None
+
+
+def _folder_contents(folder: str) -> list[Any]:
+    """What an import can find in one folder of ``sys.path``: the names of its packages,
+    modules and distributions, with the size and mtime of each distribution's metadata (a
+    reinstall rewrites RECORD). ``.pth`` files are left out: what they add to the path is
+    in ``sys.path`` itself, and the start-up hook's own file changes nothing in a child
+    that runs with the backports off."""
+    try:
+        listing = sorted(os.scandir(folder), key=lambda entry: entry.name)
+    except OSError:  # a zip file, a missing folder: its path alone stands for it
+        return []
+    found: list[Any] = []
+    for entry in listing:
+        name = entry.name
+        if name.endswith((".dist-info", ".egg-info")) and entry.is_dir():
+            stats = []
+            for meta in _METADATA:
+                try:
+                    status = os.stat(os.path.join(entry.path, meta))
+                except OSError:
+                    continue
+                stats.append([meta, status.st_size, status.st_mtime_ns])
+            found.append([name, stats])
+        elif name.endswith(_IMPORTABLE) or (
+            "." not in name and name != "__pycache__" and entry.is_dir()
+        ):
+            found.append(name)
+    return found
+
+
+def _environment() -> str:
+    """sha256 over what every folder of ``sys.path`` offers an import (``_folder_contents``).
+    An install, an upgrade or an uninstall by pip changes it; an edit in place of another
+    package's file, outside pip, does not (as for any target's helpers)."""
+    digest = hashlib.sha256()
+    for folder in sys.path:  # where each folder is, and their order: the "sys_path" part
+        contents = _folder_contents(folder or ".")
+        if contents:
+            digest.update(json.dumps(contents).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def _guard_key(spec: BackportSpec) -> dict[str, Any] | None:
+    guard = spec.guard
+    assert guard is not None
+    module = guard.modules[0]
+    source = _module_file(module)
+    if source is None:
+        return None
+    distribution = _distribution(guard.distribution, module, str(source))
+    if distribution is None:  # a source checkout or an editable install: RECORD does not follow it
+        return None
+    key = {
+        "format": FORMAT,
+        "id": spec.id,
+        "kind": "import-guard",
+        "python": [sys.executable, sys.version, sys.implementation.cache_tag],
+        "sys_path": list(sys.path),  # the children's PYTHONPATH
+        "module": {"name": module, "file": str(source), "file_sha256": _sha256_file(source)},
+        "distribution": distribution,
+        "vendored_sha256": _vendored(spec),
+        "megatron_backports": remembered(("verdict_cache", "our code"), _our_code),
+        "environment": remembered(("verdict_cache", "environment"), _environment),
+    }
+    return _with_plugin(spec, key)
 
 
 def _digest(key: dict[str, Any]) -> str:
