@@ -163,6 +163,13 @@ def test_a_package_put_on_the_path_by_hand_is_probed_again(site):
     assert _digest() != before
 
 
+@pytest.mark.parametrize("name", ["flashattn_hopper.py", "flash_attn_3.cpython-312-x86_64.so"])
+def test_a_module_put_on_the_path_by_hand_is_probed_again(site, name):
+    before = _digest()
+    (site / name).write_text("")
+    assert _digest() != before
+
+
 def test_the_start_up_hook_and_bytecode_change_nothing(site):
     """The children run with the backports off: the hook's .pth file (written by `backports
     apply`, removed by `revert`) does not decide their answer; nor does a __pycache__."""
@@ -170,6 +177,7 @@ def test_the_start_up_hook_and_bytecode_change_nothing(site):
     (site / "megatron_backports_hook.pth").write_text("import sys\n")
     (site / "__pycache__").mkdir()
     (site / "README.txt").write_text("not importable\n")
+    (site / "megatron-lm-6964-k2x9").mkdir()  # a temporary folder: no import reaches it
     assert _digest() == before
 
 

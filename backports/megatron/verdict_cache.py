@@ -268,7 +268,8 @@ def _with_plugin(spec: BackportSpec, key: dict[str, Any]) -> dict[str, Any]:
 
 # What an import can reach in a folder of sys.path: a package or namespace folder, a module,
 # an extension; and the metadata of each distribution installed there.
-_IMPORTABLE = (".py", ".so", ".pyd", ".dist-info", ".egg-info", ".egg-link", ".egg")
+_MODULE_SUFFIXES = (".py", ".so", ".pyd")
+_INSTALLED_SUFFIXES = (".egg-link", ".egg")  # older installs: a link or an archive
 _METADATA = ("RECORD", "METADATA", "PKG-INFO")
 
 
@@ -306,11 +307,23 @@ def _folder_contents(folder: str) -> list[Any]:
                     continue
                 stats.append([meta, status.st_size, status.st_mtime_ns])
             found.append([name, stats])
-        elif name.endswith(_IMPORTABLE) or (
-            "." not in name and name != "__pycache__" and entry.is_dir()
-        ):
+        elif _importable(name, entry):
             found.append(name)
     return found
+
+
+def _importable(name: str, entry: os.DirEntry[str]) -> bool:
+    """Whether ``import <stem>`` could find ``name``: a package folder named as a module,
+    or a module or extension file (``foo.py``, ``foo.cpython-312-x86_64-linux-gnu.so``).
+    Not ``__pycache__``, a README or a ``tmp-1234`` folder: they come and go (in a working
+    directory on the path, say) and no import reaches them."""
+    if name == "__pycache__":
+        return False
+    if name.endswith(_INSTALLED_SUFFIXES):
+        return True
+    if "." not in name:
+        return name.isidentifier() and entry.is_dir()
+    return name.partition(".")[0].isidentifier() and name.endswith(_MODULE_SUFFIXES)
 
 
 def _environment() -> str:
