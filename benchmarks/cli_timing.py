@@ -73,12 +73,26 @@ def main() -> None:
     parser.add_argument("--label", default="")
     parser.add_argument("--commands", nargs="+", choices=COMMANDS, default=list(COMMANDS))
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--note", default="", help="kept in the JSON (what code ran, say)")
     args = parser.parse_args()
     name = f"cli_timing_{args.label}.json" if args.label else "cli_timing.json"
     out = args.out or ROOT / "benchmarks" / "results" / name
     cases = [(command, cache) for command in args.commands for cache in ("cold", "warm")]
     runs: dict[str, list[dict[str, float]]] = {f"{c} {s}": [] for c, s in cases}
     load_before = os.getloadavg()
+    # The code the commands run (PYTHONPATH may put another copy first) and its commit.
+    code = subprocess.run(
+        [sys.executable, "-c", "import backports.megatron as m; print(m.__path__[0])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", code, "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", code, "status", "--porcelain", "--", "."], capture_output=True, text=True
+    ).stdout.strip()
     with tempfile.TemporaryDirectory(prefix="cli-timing-") as tmp:
         site_dir = Path(tmp) / "site"
         site_dir.mkdir()
@@ -99,9 +113,9 @@ def main() -> None:
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
         },
-        "git": subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
-        ).stdout.strip(),
+        "code": code,
+        "git": {"commit": commit or None, "modified": bool(dirty)},
+        "note": args.note,
         "runs_per_case": args.runs,
         "medians": {
             case: {key: _median(timed, key) for key in ("wall_s", "user_s", "sys_s")}

@@ -2,7 +2,6 @@
 
 import inspect
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -330,6 +329,9 @@ def _probe_guard(spec: BackportSpec, evidence: dict[str, Any], upstream_only: bo
     evidence["targets"] = [evidence["target"]]
     evidence["git"] = _git_evidence(spec, evidence)
     stock: list[Any] = [import_guards.GuardTarget(module_name, import_guards.no_guard)]
+    # Imported here: this module loads in every process the start-up hook reaches.
+    from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="backports-sniff") as pool:
         vendored = pool.submit(_sniff_vendored_guard, spec)
         sniff = spec.sniff(stock)  # a GuardTarget stands where a ResolvedTarget would
