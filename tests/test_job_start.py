@@ -248,8 +248,8 @@ def test_spawn_children_of_a_process_that_warned_stay_quiet(disposable_venv, tmp
 
 def _break_activation_module(venv) -> None:
     """A half-upgraded or corrupted install: one of our modules no longer compiles."""
-    activation = venv.site_packages / "backports" / "megatron" / "activation.py"
-    activation.write_text("def (\n" + activation.read_text())
+    module = venv.site_packages / "backports" / "megatron" / "job_start.py"
+    module.write_text("def (\n" + module.read_text())
 
 
 def test_corrupted_install_is_said_in_one_line_and_megatron_imports(disposable_venv):
