@@ -107,7 +107,7 @@ _RELOAD_SCRIPT = textwrap.dedent(
     first = report_for(apply(), BACKPORT_ID)
     importlib.reload(module)  # runs the module again: the original is bound once more
     bound = getattr(module.fused_sparse_mla_absorbed, "__backport__", None)
-    after = report_for(status(), BACKPORT_ID)
+    after = report_for(status(BACKPORT_ID), BACKPORT_ID)  # alone: #6964's sniff starts two children
     print(json.dumps({
         "first": first.action.value,
         "bound_after_reload": bound,
