@@ -1,5 +1,6 @@
 """Shared fixtures: the real megatron-core 0.19.2 module, a fake kernel, clean state."""
 
+import functools
 import importlib
 import importlib.metadata
 from collections.abc import Iterator
@@ -29,8 +30,8 @@ def fake_kernel(tilelang_dsa: ModuleType, monkeypatch: pytest.MonkeyPatch) -> Fa
     return kernel
 
 
-@pytest.fixture(scope="session")
-def _environment_plugins() -> frozenset[str]:
+@functools.cache
+def environment_plugins() -> frozenset[str]:
     """Distributions installed in this environment that register catalog entries: a user's
     plugin (``backports new`` tells its author to install it into the job's venv)."""
     from packaging.utils import canonicalize_name
@@ -42,6 +43,30 @@ def _environment_plugins() -> frozenset[str]:
         for ep in importlib.metadata.entry_points(group=GROUP)
         if ep.dist is not None
     )
+
+
+@pytest.fixture(scope="session")
+def _environment_plugins() -> frozenset[str]:
+    return environment_plugins()
+
+
+def _skip_switch(plugins: frozenset[str]) -> tuple[str, str]:
+    from backports.megatron.switches import SKIP_PLUGINS
+
+    return SKIP_PLUGINS, ",".join(sorted(plugins))
+
+
+def skip_environment_plugins() -> dict[str, str]:
+    """For a child process whose environment a test writes itself: the switch that leaves
+    the plugins installed in this environment unimported ({} when there are none). Its
+    skipped distributions still show as ``disabled`` rows: compare builtin rows only."""
+    plugins = environment_plugins()
+    return dict([_skip_switch(plugins)]) if plugins else {}
+
+
+def builtin_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``--json`` rows of builtin entries (a user's plugin in the venv adds its own)."""
+    return [row for row in rows if row.get("source") == "builtin"]
 
 
 @pytest.fixture(autouse=True)
@@ -57,6 +82,9 @@ def _builtins_and_the_tests_own_plugins(
     if not _environment_plugins:
         yield
         return
+    # The processes a test starts inherit this: they leave the user's plugin unimported too
+    # (a test writing its child's environment from scratch adds skip_environment_plugins()).
+    monkeypatch.setenv(*_skip_switch(_environment_plugins))
     from packaging.utils import canonicalize_name
 
     from backports.megatron import catalog

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 import backports.megatron
-from backports.megatron import BackportError, activation, api
+from backports.megatron import Action, BackportError, activation, api, import_guards, job_start
+from backports.megatron.activation import post_import, start_up
 from backports.megatron.catalog import CATALOG
 from tests.conftest import BACKPORT_ID
 
-PACKAGE_INIT = Path(activation.__file__).with_name("__init__.py")
+PACKAGE_INIT = Path(backports.megatron.__file__)  # the package the hook line imports
 
 
 def _hook_line(text: str) -> str:
@@ -31,7 +32,7 @@ def _hook_line(text: str) -> str:
 def fired(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     """Record trigger firings instead of running apply(); drop triggers afterwards."""
     calls: list[dict] = []
-    monkeypatch.setattr(activation, "fire", calls.append)
+    monkeypatch.setattr(job_start, "fire", calls.append)  # what the trigger calls
     # The environment running the tests may carry the hook (`tools/run-job` leaves it in
     # .venv): its trigger is in this process already. Each test starts without one.
     activation.deactivate()
@@ -49,8 +50,8 @@ def _run_hook_as_site_does(text: str) -> None:
 
 def test_watches_megatron_for_every_catalog_target():
     modules = {m for spec in CATALOG for target in spec.targets for m in target.modules}
-    assert set(activation.target_modules()) == modules
-    assert activation.watched_packages() == ("megatron",)
+    assert set(job_start.target_modules()) == modules
+    assert job_start.watched_packages() == ("megatron",)
 
 
 # A fresh interpreter of this environment (site has run, as at any start-up), which runs
@@ -75,7 +76,7 @@ print(repr((new, armed)))
 def test_the_hook_line_imports_nothing_at_start_up():
     """It runs in every interpreter: any import here is paid by every `python -c pass`.
     Our package itself is the one import (a readable line), and it brings nothing else."""
-    line = _hook_line(activation.hook_text())
+    line = _hook_line(job_start.hook_text())
     done = subprocess.run(
         [sys.executable, "-I", "-c", _FRESH_INTERPRETER, line],
         capture_output=True,
@@ -93,12 +94,12 @@ def test_the_hook_line_imports_nothing_at_start_up():
 )
 def test_the_hook_line_obeys_the_api_switch(fired, monkeypatch, value, armed):
     monkeypatch.setenv(api.ENV_ENABLE, value)
-    _run_hook_as_site_does(activation.hook_text())
+    _run_hook_as_site_does(job_start.hook_text())
     assert bool(activation.triggers()) is armed
 
 
 def test_hook_installs_a_trigger_that_fires_once_on_megatron(fired):
-    _run_hook_as_site_does(activation.hook_text(strict=True))
+    _run_hook_as_site_does(job_start.hook_text(strict=True))
     (trigger,) = activation.triggers()
     assert sys.meta_path[0] is trigger and activation.active()
     assert trigger.find_spec("numpy", None, None) is None and fired == []
@@ -116,15 +117,49 @@ def test_hook_installs_a_trigger_that_fires_once_on_megatron(fired):
     assert trigger not in sys.meta_path
 
 
+def _our_finders() -> list[object]:
+    return [f for f in sys.meta_path if type(f).__module__.startswith("backports.megatron")]
+
+
+def test_one_finder_serves_the_trigger_the_import_guards_and_the_post_import_hooks(fired):
+    """The start-up hook fires at megatron's first lookup; apply() then installs
+    megatron-lm-6964's import guard, and other backports wait for their targets' import:
+    one finder of ours in ``sys.meta_path`` serves them all, never two in series."""
+    assert post_import._FINDER not in sys.meta_path  # conftest reverted what tests left
+    _run_hook_as_site_does(job_start.hook_text())
+    (trigger,) = activation.triggers()
+    assert _our_finders() == [trigger]
+    assert trigger.find_spec("megatron", None, None) is not None  # the finder takes its place
+    try:
+        (report,) = api.apply(("megatron-lm-6964",))
+        assert report.action is Action.INSTALLED
+        assert import_guards.installed("megatron-lm-6964") is not None
+        post_import.register("megatron_not_imported_yet.target", "another backport", print)
+        assert _our_finders() == [post_import._FINDER]
+        assert post_import.registered("import-guard:megatron-lm-6964") == [
+            "megatron.core.transformer.attention"
+        ]
+    finally:
+        post_import.unregister("another backport")
+        api.revert(("megatron-lm-6964",))
+        activation.deactivate()
+    assert _our_finders() == []
+
+
+def test_the_trigger_marker_is_the_packages():
+    # activation imports nothing from the package above it: the marker is spelled twice.
+    assert start_up.MARKER == backports.megatron._TRIGGER
+
+
 def test_running_the_hook_twice_keeps_one_trigger(fired):
-    _run_hook_as_site_does(activation.hook_text())
-    _run_hook_as_site_does(activation.hook_text())
+    _run_hook_as_site_does(job_start.hook_text())
+    _run_hook_as_site_does(job_start.hook_text())
     assert len(activation.triggers()) == 1
 
 
 def test_hook_line_is_one_short_readable_import():
     """No payload a reviewer cannot read: one guarded import of our package."""
-    line = _hook_line(activation.hook_text(strict=True))
+    line = _hook_line(job_start.hook_text(strict=True))
     # The paths it checks are data whose length depends on where the venv and the checkout
     # live (an editable install adds its site dir): the code around them stays short.
     code = re.sub(r"'/[^']*'", "''", line)
@@ -136,7 +171,7 @@ def test_hook_line_is_one_short_readable_import():
 
 
 def test_hook_line_does_nothing_once_the_package_is_gone(fired, monkeypatch):
-    line = _hook_line(activation.hook_text())
+    line = _hook_line(job_start.hook_text())
     # After `pip uninstall megatron-backports`, the file the line checks for is gone.
     gone = line.replace(repr(str(PACKAGE_INIT)), repr(str(PACKAGE_INIT) + ".uninstalled"))
     assert gone != line
@@ -161,15 +196,16 @@ class _Broken(importlib.abc.MetaPathFinder):
 
 
 def _break_activation(monkeypatch, error: Exception) -> None:
-    """``backports.megatron.activation`` fails to import, as after a half-done upgrade."""
-    monkeypatch.delitem(sys.modules, "backports.megatron.activation")
-    monkeypatch.delattr(sys.modules["backports.megatron"], "activation")
-    finder = _Broken("backports.megatron.activation", error)
+    """``backports.megatron.job_start`` (what the trigger imports when it fires) fails to
+    import, as after a half-done upgrade."""
+    monkeypatch.delitem(sys.modules, "backports.megatron.job_start")
+    monkeypatch.delattr(sys.modules["backports.megatron"], "job_start")
+    finder = _Broken("backports.megatron.job_start", error)
     monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
     monkeypatch.delenv("MEGATRON_BACKPORTS_SAID", raising=False)
 
 
-_SYNTAX_ERROR = SyntaxError("invalid syntax", ("activation.py", 3, 5, "def (\n"))
+_SYNTAX_ERROR = SyntaxError("invalid syntax", ("job_start.py", 3, 5, "def (\n"))
 
 
 @pytest.mark.parametrize(
@@ -177,7 +213,7 @@ _SYNTAX_ERROR = SyntaxError("invalid syntax", ("activation.py", 3, 5, "def (\n")
 )
 def test_a_broken_install_is_said_in_one_line_and_megatron_imports(fired, monkeypatch, error):
     _break_activation(monkeypatch, error)
-    _run_hook_as_site_does(activation.hook_text())
+    _run_hook_as_site_does(job_start.hook_text())
     (trigger,) = activation.triggers()
     err = io.StringIO()
     with redirect_stderr(err):
@@ -190,19 +226,19 @@ def test_a_broken_install_is_said_in_one_line_and_megatron_imports(fired, monkey
 
 def test_a_broken_install_is_said_once_per_job(fired, monkeypatch):
     _break_activation(monkeypatch, _SYNTAX_ERROR)
-    _run_hook_as_site_does(activation.hook_text())
+    _run_hook_as_site_does(job_start.hook_text())
     err = io.StringIO()
     with redirect_stderr(err):
         activation.triggers()[0].find_spec("megatron", None, None)
         # A spawn child of this process: a new trigger, the parent's environment.
-        _run_hook_as_site_does(activation.hook_text())
+        _run_hook_as_site_does(job_start.hook_text())
         activation.triggers()[0].find_spec("megatron", None, None)
     assert len(err.getvalue().splitlines()) == 1
 
 
 def test_a_broken_install_fails_the_import_in_strict_mode(fired, monkeypatch):
     _break_activation(monkeypatch, _SYNTAX_ERROR)
-    _run_hook_as_site_does(activation.hook_text(strict=True))
+    _run_hook_as_site_does(job_start.hook_text(strict=True))
     (trigger,) = activation.triggers()
     with pytest.raises(SyntaxError):
         trigger.find_spec("megatron", None, None)
@@ -211,7 +247,7 @@ def test_a_broken_install_fails_the_import_in_strict_mode(fired, monkeypatch):
 def test_fire_applies_with_the_hook_config(monkeypatch):
     seen = []
     monkeypatch.setattr(api, "apply", lambda only, strict: seen.append((only, strict)))
-    activation.fire({"strict": False, "only": [BACKPORT_ID]})
+    job_start.fire({"strict": False, "only": [BACKPORT_ID]})
     assert seen == [((BACKPORT_ID,), False)]
 
 
@@ -221,10 +257,10 @@ def test_fire_never_breaks_the_import_unless_strict(monkeypatch, caplog):
 
     monkeypatch.setattr(api, "apply", broken)
     with caplog.at_level(logging.ERROR, logger="backports.megatron"):
-        activation.fire({"strict": False, "only": None})
+        job_start.fire({"strict": False, "only": None})
     assert "job-start apply() failed" in caplog.text
     with pytest.raises(BackportError):
-        activation.fire({"strict": True, "only": None})
+        job_start.fire({"strict": True, "only": None})
 
 
 def test_fire_says_a_failure_once_per_job(monkeypatch, caplog):
@@ -233,19 +269,19 @@ def test_fire_says_a_failure_once_per_job(monkeypatch, caplog):
 
     monkeypatch.setattr(api, "apply", broken)
     with caplog.at_level(logging.DEBUG, logger="backports.megatron"):
-        activation.fire({"strict": False, "only": None})
-        activation.fire({"strict": False, "only": None})  # a child: the parent's environment
+        job_start.fire({"strict": False, "only": None})
+        job_start.fire({"strict": False, "only": None})  # a child: the parent's environment
     levels = [r.levelno for r in caplog.records if "job-start apply() failed" in r.getMessage()]
     assert levels == [logging.ERROR, logging.DEBUG]
 
 
 def test_write_read_remove_are_idempotent(tmp_path):
-    state, changed = activation.write_hook(tmp_path)
+    state, changed = job_start.write_hook(tmp_path)
     assert changed and state.exists and state.current
     assert state.path == tmp_path / activation.HOOK_FILE
     assert state.config == {"strict": False, "only": None}
-    assert activation.write_hook(tmp_path) == (state, False)
-    strict, changed = activation.write_hook(tmp_path, (BACKPORT_ID,), strict=True)
+    assert job_start.write_hook(tmp_path) == (state, False)
+    strict, changed = job_start.write_hook(tmp_path, (BACKPORT_ID,), strict=True)
     assert changed and strict.config == {"strict": True, "only": (BACKPORT_ID,)}
     assert [p.name for p in tmp_path.iterdir()] == [activation.HOOK_FILE]  # no temp files
     removed, did = activation.remove_hook(tmp_path)
@@ -257,18 +293,18 @@ def test_write_read_remove_are_idempotent(tmp_path):
 def test_edited_or_foreign_hook_file_is_not_current(tmp_path):
     path = tmp_path / activation.HOOK_FILE
     path.write_text("import something_else\n")
-    assert activation.read_hook(tmp_path).exists
-    assert not activation.read_hook(tmp_path).current
-    activation.write_hook(tmp_path)
+    assert job_start.read_hook(tmp_path).exists
+    assert not job_start.read_hook(tmp_path).current
+    job_start.write_hook(tmp_path)
     text = path.read_text()
     path.write_text(text.replace("_start_up(('megatron',)", "_start_up(('other',)"))
     assert path.read_text() != text
-    assert not activation.read_hook(tmp_path).current
+    assert not job_start.read_hook(tmp_path).current
 
 
 def test_only_must_name_known_backports(tmp_path):
     with pytest.raises(BackportError, match="unknown backport"):
-        activation.write_hook(tmp_path, ("megatron-lm-1",))
+        job_start.write_hook(tmp_path, ("megatron-lm-1",))
 
 
 def test_a_temp_folder_is_not_a_site_dir(tmp_path):
@@ -287,10 +323,10 @@ assert "plug_imports_megatron" in sys.modules, catalog.withheld()
 print("parallel_state:", megatron.core.parallel_state.__name__)
 one = sys.modules["megatron"] is megatron and megatron.core is sys.modules["megatron.core"]
 print("one megatron:", one)
+from backports.megatron import import_guards
+print("guard installed:", import_guards.installed("megatron-lm-6964") is not None)
 ours = [f for f in sys.meta_path if type(f).__module__.startswith("backports.megatron")]
-guards = [f for f in ours if type(f).__module__ == "backports.megatron.import_guards"]
-print("activation finders:", len(ours) - len(guards))
-print("import-guard finders:", len(guards))
+print("our finders:", [type(f).__module__ for f in ours])
 """
 
 
@@ -320,17 +356,17 @@ def test_a_plugin_that_imports_megatron_at_module_level_leaves_one_megatron(tmp_
     assert done.returncode == 0, done.stderr[-3000:]
     assert "parallel_state: megatron.core.parallel_state" in done.stdout
     assert "one megatron: True" in done.stdout
-    # The post-import finder, in the trigger's place; beside it at most the import guards'
-    # own finder (#6964 guards a module's execution, installed before megatron's import).
-    assert "activation finders: 1" in done.stdout
-    assert "import-guard finders: 0" in done.stdout or "import-guard finders: 1" in done.stdout
+    # One finder of ours: the post-import finder, in the trigger's place; it also serves
+    # #6964's import guard (installed before megatron's modules run).
+    assert "guard installed: True" in done.stdout
+    assert "our finders: ['backports.megatron.activation.post_import']" in done.stdout
 
 
 def test_the_hook_line_is_silent_where_our_package_cannot_be_imported(tmp_path):
     """Another interpreter reading the site folder (here ``-I -S``, whose ``sys.path`` does
     not reach this install, then ``site.addsitedir``): our ``__init__.py`` still exists,
     but ``backports.megatron`` cannot be imported there. Start-up must stay silent."""
-    activation.write_hook(tmp_path)
+    job_start.write_hook(tmp_path)
     script = (
         "import site, sys; site.addsitedir(sys.argv[1]); "
         "print(any(getattr(f, '__megatron_backports_trigger__', False) for f in sys.meta_path))"

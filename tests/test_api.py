@@ -311,7 +311,8 @@ def test_backports_waiting_for_one_module_install_together(tilelang_dsa, scans):
     """At the import of a module two deferred backports wait for (#7617 and #7091 both
     patch tilelang_dsa), one callback probes both and installs them with one scan for
     aliases: a scan reads every global of every module (~5 ms each with torch loaded)."""
-    from backports.megatron import api, post_import
+    from backports.megatron import api
+    from backports.megatron.activation import post_import
     from backports.megatron.catalog import MEGATRON_LM_7091, MEGATRON_LM_7617
 
     originals = (
@@ -340,7 +341,8 @@ def test_a_strict_incompatible_backport_fails_the_import_and_installs_nothing(
     tilelang_dsa, monkeypatch
 ):
     """importlib drops a module whose import fails: nothing may be patched into it."""
-    from backports.megatron import api, post_import
+    from backports.megatron import api
+    from backports.megatron.activation import post_import
     from backports.megatron.catalog import MEGATRON_LM_7091, MEGATRON_LM_7617
 
     monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)
@@ -392,7 +394,8 @@ def test_warnings_name_the_caller_in_catalog_order(tilelang_dsa, monkeypatch):
 def test_a_warning_raised_as_an_error_leaves_every_outcome_recorded(tilelang_dsa, monkeypatch):
     """Under -W error the first BackportWarning raises out of apply(): every backport was
     decided, installed and recorded before it, and the installed ones are watched."""
-    from backports.megatron import api, patcher, post_import
+    from backports.megatron import api, patcher
+    from backports.megatron.activation import post_import
 
     monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)
     with warnings.catch_warnings():
@@ -416,7 +419,8 @@ def caught_warnings():
 
 
 def test_warnings_at_an_import_come_in_catalog_order(tilelang_dsa, monkeypatch):
-    from backports.megatron import api, post_import
+    from backports.megatron import api
+    from backports.megatron.activation import post_import
     from backports.megatron.catalog import MEGATRON_LM_7091, MEGATRON_LM_7617
 
     monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)

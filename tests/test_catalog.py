@@ -19,6 +19,7 @@ from packaging.version import Version
 
 from backports.megatron import catalog, model
 from backports.megatron.catalog import CATALOG
+from tests.conftest import skip_environment_plugins
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOG_DIR = ROOT / "backports" / "megatron" / "catalog"
@@ -135,6 +136,7 @@ def test_a_new_entry_module_and_vendored_folder_are_all_a_builtin_needs(tmp_path
     packages += [p for p in sys.path if p.endswith("site-packages") and p not in packages]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "MEGATRON_"))}
     env |= {"PYTHONPATH": os.pathsep.join([str(site), *packages]), "MEGATRON_BACKPORTS_CACHE": "0"}
+    env |= skip_environment_plugins()  # what it judges are the builtins
 
     def backports(*args: str, **extra: str) -> tuple[int, list[dict[str, Any]]]:
         # -S: no .pth files, so this checkout's editable install cannot stand in for the copy.

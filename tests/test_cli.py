@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from backports.megatron import activation, cli, import_notices, revert, status, switches
+from backports.megatron import activation, cli, import_notices, job_start, revert, status, switches
 from backports.megatron.catalog import CATALOG
 from tests import standins
 from tests.conftest import BACKPORT_ID
@@ -63,7 +63,7 @@ def test_status_table_says_what_apply_would_do(tilelang_dsa, capsys, tmp_path):
     assert "lacks the fix" in row
     assert hook.startswith(f"hook: none in {tmp_path}")
     assert note.startswith(f"note: {tmp_path} is not a site-packages folder")
-    assert code == 0 and activation.read_hook(tmp_path).exists is False
+    assert code == 0 and job_start.read_hook(tmp_path).exists is False
 
 
 def test_after_apply_status_says_the_hook_installs_it(tilelang_dsa, capsys, start_up_reads):
@@ -102,7 +102,7 @@ def test_a_hook_start_up_never_reads_activates_nothing(tilelang_dsa, capsys, tmp
 
 
 def test_a_hook_for_other_backports_does_not_apply_this_one(tilelang_dsa, capsys, start_up_reads):
-    activation.write_hook(start_up_reads, ())  # a hook that applies no backport
+    job_start.write_hook(start_up_reads, ())  # a hook that applies no backport
     _code, out, _ = _main(capsys, "status", "--json", "--site-dir", str(start_up_reads))
     report = report_for(json.loads(out), BACKPORT_ID)
     assert report["action"] == "would-install" and report["evidence"]["hook"]["applies"] is False
@@ -141,7 +141,7 @@ def test_apply_warns_once_and_still_writes_the_hook(tilelang_dsa, monkeypatch, c
     # Warnings go to stderr, the table's mode included: stdout stays the table and its notes.
     assert code == 0 and err.count("warning: megatron-backports:") == 1
     assert "warning:" not in out
-    assert "upstream" in out.splitlines()[1] and activation.read_hook(tmp_path).current
+    assert "upstream" in out.splitlines()[1] and job_start.read_hook(tmp_path).current
 
 
 def test_apply_strict_fails_on_incompatible_without_a_hook(
@@ -150,21 +150,21 @@ def test_apply_strict_fails_on_incompatible_without_a_hook(
     monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)
     code, _, err = _main(capsys, "apply", "--strict", "--site-dir", str(tmp_path))
     assert code == 1 and "incompatible" in err and "hook not written" in err
-    assert not activation.read_hook(tmp_path).exists
+    assert not job_start.read_hook(tmp_path).exists
     code, _, _ = _main(capsys, "apply", "--site-dir", str(tmp_path))  # not strict: skip it
-    assert code == 0 and activation.read_hook(tmp_path).exists
+    assert code == 0 and job_start.read_hook(tmp_path).exists
 
 
 def test_apply_only_and_strict_reach_the_hook(tilelang_dsa, capsys, tmp_path):
     argv = ("apply", "--only", BACKPORT_ID, "--strict", "--site-dir", str(tmp_path))
     assert _main(capsys, *argv)[0] == 0
-    assert activation.read_hook(tmp_path).config == {"strict": True, "only": (BACKPORT_ID,)}
+    assert job_start.read_hook(tmp_path).config == {"strict": True, "only": (BACKPORT_ID,)}
 
 
 def test_unknown_id_is_a_usage_error(capsys, tmp_path):
     code, _, err = _main(capsys, "apply", "--only", "megatron-lm-1", "--site-dir", str(tmp_path))
     assert code == 2 and "unknown backport 'megatron-lm-1'" in err
-    assert not activation.read_hook(tmp_path).exists
+    assert not job_start.read_hook(tmp_path).exists
 
 
 @pytest.mark.parametrize("command", ["apply", "status", "revert"])
@@ -235,7 +235,7 @@ def test_apply_with_every_backport_off_writes_no_hook_and_says_so(
 ):
     monkeypatch.setenv("MEGATRON_BACKPORTS", value)
     code, out, _ = _main(capsys, "apply", "--site-dir", str(tmp_path))
-    assert code == 0 and not activation.read_hook(tmp_path).exists
+    assert code == 0 and not job_start.read_hook(tmp_path).exists
     assert (
         f"hook: not written: every backport asked for is off (MEGATRON_BACKPORTS={value} is set)"
         in out
@@ -246,7 +246,7 @@ def test_apply_with_every_backport_off_writes_no_hook_and_says_so(
 def test_apply_with_every_backport_off_names_an_earlier_hook(
     tilelang_dsa, monkeypatch, capsys, tmp_path
 ):
-    activation.write_hook(tmp_path)
+    job_start.write_hook(tmp_path)
     monkeypatch.setenv("MEGATRON_BACKPORTS", "0")
     _, out, _ = _main(capsys, "apply", "--site-dir", str(tmp_path))
     hook = tmp_path / activation.HOOK_FILE
@@ -260,7 +260,7 @@ def test_apply_leaves_skipped_backports_out_of_the_hook(
     ids = ", ".join(spec.id for spec in CATALOG)
     monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP", f"other, {ids}")
     code, out, _ = _main(capsys, "apply", "--site-dir", str(tmp_path))
-    assert code == 0 and not activation.read_hook(tmp_path).exists
+    assert code == 0 and not job_start.read_hook(tmp_path).exists
     expected = f"every backport asked for is off (MEGATRON_BACKPORTS_SKIP names {ids})"
     assert expected in out
 
@@ -271,7 +271,7 @@ def test_apply_says_the_hook_does_not_record_upstream_only(
     monkeypatch.setenv("MEGATRON_BACKPORTS_UPSTREAM_ONLY", "yes")
     _, out, _ = _main(capsys, "apply", "--site-dir", str(tmp_path))
     assert "MEGATRON_BACKPORTS_UPSTREAM_ONLY=yes holds for this process only" in out
-    assert activation.read_hook(tmp_path).config == {"strict": False, "only": None}
+    assert job_start.read_hook(tmp_path).config == {"strict": False, "only": None}
     monkeypatch.delenv("MEGATRON_BACKPORTS_UPSTREAM_ONLY")
     _, out, _ = _main(capsys, "apply", "--site-dir", str(tmp_path))
     assert "UPSTREAM_ONLY" not in out
@@ -372,7 +372,7 @@ def test_known_import_notices_are_hidden_and_others_are_not(caplog):
 
 
 def test_cli_ignores_this_interpreters_trigger(tilelang_dsa, capsys, tmp_path):
-    exec(next(line for line in activation.hook_text().splitlines() if line.startswith("import")))
+    exec(next(line for line in job_start.hook_text().splitlines() if line.startswith("import")))
     assert activation.triggers()
     _main(capsys, "status", "--site-dir", str(tmp_path))
     assert activation.triggers() == []

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from backports.megatron import activation, cli, json_output, status, switches, table
+from backports.megatron import cli, json_output, status, switches, table
+from backports.megatron.activation import hook_file
 from backports.megatron.catalog import CATALOG
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
 from tests.reports import report_for
@@ -38,7 +39,7 @@ def _on_terminal(
 def start_up_reads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """``tmp_path`` as this interpreter's site-packages, for every command."""
     monkeypatch.setattr(site, "getsitepackages", lambda prefixes=None: [str(tmp_path)])
-    monkeypatch.setattr(activation, "default_site_dir", lambda: tmp_path)
+    monkeypatch.setattr(hook_file, "default_site_dir", lambda: tmp_path)
     return tmp_path
 
 

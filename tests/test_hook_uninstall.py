@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 import backports.megatron
-from backports.megatron import activation
+from backports.megatron import activation, job_start
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import training_env
 
 
 def _hook_line() -> str:
-    return next(line for line in activation.hook_text().splitlines() if line.startswith("import"))
+    return next(line for line in job_start.hook_text().splitlines() if line.startswith("import"))
 
 
 class _Distribution:

@@ -17,7 +17,13 @@ import pytest
 
 from backports.megatron.catalog import CATALOG
 from tests import standins
-from tests.conftest import BACKPORT_ID, TILELANG_DSA, ids_installed_by_importing
+from tests.conftest import (
+    BACKPORT_ID,
+    TILELANG_DSA,
+    builtin_rows,
+    ids_installed_by_importing,
+    skip_environment_plugins,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import training_env
@@ -43,13 +49,15 @@ PATCHED = (
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> training_env.TrainingEnv:
     """One venv for the tests that leave it as they found it."""
-    return training_env.create(tmp_path_factory.mktemp("training") / "venv")
+    return training_env.create(
+        tmp_path_factory.mktemp("training") / "venv", always=skip_environment_plugins()
+    )
 
 
 @pytest.fixture
 def disposable_venv(tmp_path) -> training_env.TrainingEnv:
     """A venv of its own, for a test that tampers with or uninstalls the package."""
-    return training_env.create(tmp_path / "venv")
+    return training_env.create(tmp_path / "venv", always=skip_environment_plugins())
 
 
 @pytest.fixture
@@ -102,11 +110,12 @@ def test_hook_imports_only_the_package_when_megatron_is_never_imported(venv, app
 
 
 def test_status_json_matches_status(venv):
-    reports = json.loads(_ok(venv.run(["backports", "status", "--json"])))
+    reports = builtin_rows(json.loads(_ok(venv.run(["backports", "status", "--json"]))))
     in_process = "import json; from backports.megatron import status\n"
     in_process += "print(json.dumps([r.to_dict() for r in status()]))"
     hooks = [r["evidence"].pop("hook") for r in reports]  # the CLI adds the hook's state
-    assert reports == json.loads(_ok(venv.run(["python", "-c", in_process])).splitlines()[-1])
+    in_its_process = json.loads(_ok(venv.run(["python", "-c", in_process])).splitlines()[-1])
+    assert reports == builtin_rows(in_its_process)
     assert [(h["path"], h["exists"]) for h in hooks] == [(str(venv.hook), False)] * len(IDS)
     assert [(r["id"], r["verdict"], r["action"]) for r in reports] == [
         (backport_id, "needed", "would-install") for backport_id in IDS
@@ -115,7 +124,7 @@ def test_status_json_matches_status(venv):
 
 def test_python_m_backports_megatron_is_the_cli(venv):
     done = venv.run(["python", "-m", "backports.megatron", "status", "--json"])
-    assert [r["id"] for r in json.loads(_ok(done))] == IDS
+    assert [r["id"] for r in builtin_rows(json.loads(_ok(done)))] == IDS
 
 
 _SPAWN = """\
@@ -248,8 +257,8 @@ def test_spawn_children_of_a_process_that_warned_stay_quiet(disposable_venv, tmp
 
 def _break_activation_module(venv) -> None:
     """A half-upgraded or corrupted install: one of our modules no longer compiles."""
-    activation = venv.site_packages / "backports" / "megatron" / "activation.py"
-    activation.write_text("def (\n" + activation.read_text())
+    module = venv.site_packages / "backports" / "megatron" / "job_start.py"
+    module.write_text("def (\n" + module.read_text())
 
 
 def test_corrupted_install_is_said_in_one_line_and_megatron_imports(disposable_venv):

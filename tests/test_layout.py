@@ -29,3 +29,32 @@ def test_nothing_outside_tests_imports_tests() -> None:
         if "tests" in _imported_roots(path)
     ]
     assert offenders == []
+
+
+def _package_imports(path: Path) -> set[str]:
+    """The ``backports.megatron`` modules ``path`` (a module of that package) imports."""
+    package = ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+            module = ".".join(part for part in (base, node.module or "") if part)
+            found |= {module} if node.module else {f"{module}.{a.name}" for a in node.names}
+    return {name for name in found if name.startswith("backports.megatron")}
+
+
+def test_activation_imports_nothing_above_it() -> None:
+    """The activation mechanism (hook file, triggers, post-import finder, once per job) is
+    the ground floor of job start: it knows neither the catalog nor the api, which import
+    it. Only the errors module, the package's ground, is below it."""
+    folder = ROOT / "backports" / "megatron" / "activation"
+    allowed = ("backports.megatron.activation", "backports.megatron.errors")
+    reached = {
+        f"{path.name}: {name}"
+        for path in sorted(folder.glob("*.py"))
+        for name in _package_imports(path)
+        if not name.startswith(allowed)
+    }
+    assert len(list(folder.glob("*.py"))) >= 5 and reached == set()

@@ -21,10 +21,10 @@ import pytest
 from backports.megatron import (
     BackportWarning,
     Verdict,
-    activation,
     apply,
     catalog,
     cli,
+    job_start,
     revert,
     status,
 )
@@ -316,10 +316,10 @@ def test_the_start_up_hook_watches_plugin_targets(make_plugin: MakePlugin) -> No
     VALUE = dataclasses.replace(base, targets=(target,))
     """
     make_plugin("acme-lib", {"acme-lib": body})
-    assert "acme_lib.kernels" in activation.target_modules()
-    assert activation.target_modules(("acme-lib",)) == ("acme_lib.kernels",)
-    assert activation.watched_packages() == ("megatron", "acme_lib")
-    assert "acme_lib" in activation.hook_text()
+    assert "acme_lib.kernels" in job_start.target_modules()
+    assert job_start.target_modules(("acme-lib",)) == ("acme_lib.kernels",)
+    assert job_start.watched_packages() == ("megatron", "acme_lib")
+    assert "acme_lib" in job_start.hook_text()
 
 
 # ---- reliability round 3 (issue 24) -----------------------------------------------------------

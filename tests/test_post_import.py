@@ -1,12 +1,13 @@
 """The post-import hook: callbacks run once a watched module has executed, never before."""
 
+import contextlib
 import importlib
 import sys
 import textwrap
 
 import pytest
 
-from backports.megatron import post_import
+from backports.megatron.activation import post_import
 
 
 @pytest.fixture
@@ -85,7 +86,7 @@ def test_unwatched_modules_are_untouched(module_dir):
     _write_package(module_dir)
     post_import.register("hooked_pkg.other", "test", lambda m: None)
     module = importlib.import_module("hooked_pkg.target")
-    assert type(module.__loader__).__name__ != "_NotifyingLoader"
+    assert not isinstance(module.__loader__, post_import._WatchingLoader)
 
 
 def test_a_callback_under_several_keys_runs_once_per_import(module_dir):
@@ -129,3 +130,71 @@ def test_callbacks_are_told_apart_by_identity_alone(module_dir):
     post_import.register("hooked_pkg.target", "test-other", Recorder("second"))
     importlib.import_module("hooked_pkg.target")
     assert seen == ["first", "second"]
+
+
+# ---- "around" hooks: the module executes inside them (import guards) -------------------------
+
+
+def _recording_around(events, name):
+    @contextlib.contextmanager
+    def around(module):
+        events.append(f"{name} enter {module.__name__}")
+        try:
+            yield
+        finally:
+            events.append(f"{name} exit, VALUE={getattr(module, 'VALUE', None)}")
+
+    return around
+
+
+def test_the_module_executes_inside_its_arounds_then_the_callbacks_run(module_dir):
+    _write_package(module_dir)
+    events = []
+    post_import.register_around("hooked_pkg.target", "test", _recording_around(events, "outer"))
+    post_import.register_around("hooked_pkg.target", "test-other", _recording_around(events, "in"))
+    post_import.register("hooked_pkg.target", "test", lambda m: events.append("callback"))
+    module = importlib.import_module("hooked_pkg.target")
+    assert events == [
+        "outer enter hooked_pkg.target",
+        "in enter hooked_pkg.target",
+        "in exit, VALUE=41",  # left once the module's code has run
+        "outer exit, VALUE=41",
+        "callback",  # after the execution, outside every around
+    ]
+    import inspect
+
+    assert "VALUE + 1" in inspect.getsource(module.answer)  # loader still serves source
+    assert isinstance(module.__loader__, post_import._WatchingLoader)
+
+
+def test_one_finder_serves_both_kinds_and_leaves_with_the_last_hook(module_dir):
+    events = []
+    post_import.register_around("hooked_pkg.target", "test", _recording_around(events, "a"))
+    post_import.register("hooked_pkg.other", "test-other", lambda m: None)
+    assert sys.meta_path.count(post_import._FINDER) == 1
+    assert post_import.registered("test") == ["hooked_pkg.target"]
+    post_import.unregister("test-other")
+    assert post_import._FINDER in sys.meta_path  # the around still needs it
+    post_import.unregister("test")
+    assert post_import._FINDER not in sys.meta_path and post_import.registered("test") == []
+    _write_package(module_dir)
+    importlib.import_module("hooked_pkg.target")
+    assert events == []  # unregistered: the next execution runs as it stands
+
+
+def test_what_an_around_raises_fails_the_import(module_dir):
+    """An around is part of the execution: its failure is the import's, as the module's own
+    would be (importlib drops the half-made module)."""
+    _write_package(module_dir)
+
+    @contextlib.contextmanager
+    def refusing(module):
+        raise RuntimeError("guard refused")
+        yield
+
+    post_import.register_around("hooked_pkg.target", "test", refusing)
+    with pytest.raises(RuntimeError, match="guard refused"):
+        importlib.import_module("hooked_pkg.target")
+    assert "hooked_pkg.target" not in sys.modules
+    post_import.unregister("test")
+    assert importlib.import_module("hooked_pkg.target").answer() == 42

@@ -62,6 +62,8 @@ class TrainingEnv:
     root: Path
     python: Path
     site_packages: Path
+    # Set in every process this venv runs, after the scrub (a test's own switches).
+    always: tuple[tuple[str, str], ...] = ()
 
     @property
     def hook(self) -> Path:
@@ -69,6 +71,7 @@ class TrainingEnv:
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
+        env.update(self.always)
         env.update(extra or {})
         return env
 
@@ -144,11 +147,18 @@ def _link_packages(site_packages: Path, only: set[str] | None = None) -> None:
 
 
 def create(
-    root: Path, *, install: bool = True, packages: str = "path-line", editable: bool = False
+    root: Path,
+    *,
+    install: bool = True,
+    packages: str = "path-line",
+    editable: bool = False,
+    always: Mapping[str, str] | None = None,
 ) -> TrainingEnv:
     """A venv at ``root`` seeing this environment's packages, with this repo installed.
 
     ``editable``: ``pip install -e`` of a copy of this repository (kept at ``root/src``).
+
+    ``always``: variables set in every process the venv runs (``TrainingEnv.run``).
 
     ``packages`` says how: ``"path-line"`` (a ``.pth`` line adds this environment's
     site-packages to ``sys.path``; their ``.pth`` files stay out), ``"linked"`` (each entry
@@ -165,7 +175,7 @@ def create(
         (site_packages / "_base_environment.pth").write_text("\n".join(base) + "\n")
     else:
         _link_packages(site_packages, None if packages == "linked" else _runtime_requirements())
-    env = TrainingEnv(root, python, site_packages)
+    env = TrainingEnv(root, python, site_packages, tuple((always or {}).items()))
     if install and packages == "none":
         _install_wheel(env)
         return env

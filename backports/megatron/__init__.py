@@ -4,7 +4,7 @@
 installed megatron-core lacks the fix; ``status()`` only reports; ``revert()`` undoes.
 
 The public names load on first use (PEP 562), so importing one small submodule (the
-stdlib-only ``post_import``, say) does not pay for the api's imports (packaging,
+stdlib-only ``activation.post_import``, say) does not pay for the api's imports (packaging,
 importlib.metadata, the catalog: ~80 ms).
 
 This module also holds the start-up hook's trigger (``_start_up``, below): the hook file's
@@ -73,8 +73,8 @@ def __dir__() -> list[str]:
 
 
 # ---- the start-up hook's trigger -----------------------------------------------------------
-# `backports apply` writes site-packages/megatron_backports_startup.pth (see activation), whose
-# one line is: if this file is still installed, import this package and call _start_up.
+# `backports apply` writes site-packages/megatron_backports_startup.pth (activation.hook_file),
+# whose one line is: if this file is still installed, import this package and call _start_up.
 # Cheap and self-contained: os and sys only, nothing else of ours until megatron is imported.
 
 _TRIGGER = "__megatron_backports_trigger__"  # how triggers are told apart in sys.meta_path
@@ -83,7 +83,7 @@ _OFF = ("0", "false", "off", "no")  # switches.FALSE, spelled out (tests/test_sw
 
 class _Trigger:
     """A ``sys.meta_path`` finder for the first import of a watched package (``megatron``):
-    once that package has executed, ``activation.fire`` runs ``apply()``.
+    once that package has executed, ``job_start.fire`` runs ``apply()``.
 
     At that first lookup the post-import finder takes its place in ``sys.meta_path`` (same
     index: removing an entry while the import system iterates the list would skip the next
@@ -105,7 +105,7 @@ class _Trigger:
             return None
         self.fired = True
         try:
-            from .activation import fire_after_import
+            from .job_start import fire_after_import
 
             return fire_after_import(fullname, path, target, self.config, self)
         except Exception as exc:
@@ -116,7 +116,7 @@ class _Trigger:
         """Run ``apply()`` now: the watched package was imported before the trigger."""
         self.fired = True
         try:
-            from .activation import fire
+            from .job_start import fire
 
             fire(self.config)
         except Exception as exc:
@@ -133,7 +133,7 @@ class _Trigger:
 def _say_hook_failed(exc: BaseException) -> None:
     """One line on stderr for the job: rank 0, not again in children of one that said it."""
     try:
-        from .once_per_job import claim
+        from .activation.once_per_job import claim
 
         first = claim("start-up-hook-failed")
     except Exception:

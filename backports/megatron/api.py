@@ -13,16 +13,8 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
-from . import (
-    compiled_code,
-    import_guards,
-    once_per_job,
-    patcher,
-    post_import,
-    switches,
-    vendored_sniff,
-    verdict_cache,
-)
+from . import compiled_code, import_guards, patcher, switches, vendored_sniff, verdict_cache
+from .activation import once_per_job, post_import
 from .catalog import entries, select, select_withheld, source, withheld
 from .errors import BackportError, BackportWarning
 from .model import BackportSpec

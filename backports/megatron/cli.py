@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import activation, import_notices, json_output, switches, table
+from . import import_notices, job_start, json_output, switches, table
+from .activation import hook_file, start_up
 from .api import applied, apply, load_targets, probe_ignoring_switches, revert, status
 from .audit import audit, candidate_dir, outcome
 from .catalog import entries, select, source
@@ -135,14 +136,14 @@ def _emit(
 class _Hook:
     """The hook file of a site dir, read once per command."""
 
-    state: activation.HookState
+    state: hook_file.HookState
     current: bool
     runs_at_startup: bool  # in a site-packages folder of this interpreter
 
     @classmethod
     def read(cls, site_dir: Path) -> "_Hook":
-        state = activation.read_hook(site_dir)
-        return cls(state, state.current, activation.is_site_dir(site_dir))
+        state = job_start.read_hook(site_dir)
+        return cls(state, state.current, hook_file.is_site_dir(site_dir))
 
     def applies(self, backport_id: str) -> bool:
         """Whether later processes apply ``backport_id`` through this hook."""
@@ -165,7 +166,7 @@ class _Hook:
 
 
 def _site_dir(args: argparse.Namespace) -> Path:
-    site_dir = Path(args.site_dir) if args.site_dir else activation.default_site_dir()
+    site_dir = Path(args.site_dir) if args.site_dir else hook_file.default_site_dir()
     if not site_dir.is_dir():
         what = "is not a folder" if site_dir.exists() else "does not exist"
         raise BackportError(f"site dir {site_dir} {what}")
@@ -173,7 +174,7 @@ def _site_dir(args: argparse.Namespace) -> Path:
 
 
 def _site_warning(site_dir: Path) -> list[str]:
-    if activation.is_site_dir(site_dir):
+    if hook_file.is_site_dir(site_dir):
         return []
     return [
         f"note: {site_dir} is not a site-packages folder of {sys.executable}: its .pth files "
@@ -261,7 +262,7 @@ def _write_hook(args: argparse.Namespace, site_dir: Path) -> tuple[list[str], _H
                 f"; {hook.state.path} from an earlier apply stays (`backports revert` removes it)"
             )
         return [note], hook
-    state, changed = activation.write_hook(site_dir, hook_only, args.strict)
+    state, changed = job_start.write_hook(site_dir, hook_only, args.strict)
     notes = [f"hook: {'wrote' if changed else 'unchanged:'} {state.path}"]
     if why:
         notes.append(
@@ -269,7 +270,7 @@ def _write_hook(args: argparse.Namespace, site_dir: Path) -> tuple[list[str], _H
             "(to include it, rerun `backports apply` without the variable)"
         )
     # What write_hook wrote (or found equal) is the current text: no second read.
-    hook = _Hook(state, True, activation.is_site_dir(site_dir))
+    hook = _Hook(state, True, hook_file.is_site_dir(site_dir))
     return notes + _site_warning(site_dir), hook
 
 
@@ -303,7 +304,7 @@ def _cmd_apply(args: argparse.Namespace) -> int:
     return _OK
 
 
-def _hook_applied(removed: activation.HookState, backport_id: str) -> bool:
+def _hook_applied(removed: hook_file.HookState, backport_id: str) -> bool:
     """Whether the removed hook applied ``backport_id`` (a file we cannot read: say yes)."""
     if removed.config is None:
         return True
@@ -311,7 +312,7 @@ def _hook_applied(removed: activation.HookState, backport_id: str) -> bool:
     return only is None or backport_id in only
 
 
-def _reverted(report: Report, here: Report, removed: activation.HookState | None) -> Report:
+def _reverted(report: Report, here: Report, removed: hook_file.HookState | None) -> Report:
     """``report`` saying what revert did for its backport: the hook, and this process."""
     hook_applied = removed is not None and _hook_applied(removed, report.id)
     done = []
@@ -335,7 +336,7 @@ def _reverted(report: Report, here: Report, removed: activation.HookState | None
 def _cmd_revert(args: argparse.Namespace) -> int:
     site_dir = _site_dir(args)
     here = {r.id: r for r in revert()}
-    state, removed = activation.remove_hook(site_dir)
+    state, removed = hook_file.remove_hook(site_dir)
     # The table shows what was done; --json adds each backport's verdict and evidence,
     # which takes a probe (as `status --json`): revert itself decides nothing.
     reports = status() if args.json else list(here.values())
@@ -370,7 +371,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     only = _only(args)
     probed = status(only)  # imports the targets, so the apply below installs now
     # The same action words as `status`: a backport the environment's hook installs says so.
-    hook = _Hook.read(activation.default_site_dir())
+    hook = _Hook.read(hook_file.default_site_dir())
     probed = [_with_hook(report, hook) for report in probed]
     probing_warnings = len(args.warning_notes)  # a bad switch value, an unknown skipped id
     with applied(only) as done:  # and reverts on exit: check changes nothing
@@ -735,7 +736,7 @@ def _run(argv: Sequence[str] | None) -> int:
     args.json = args.format != "table"  # machine-readable: stdout holds the JSON alone
     args.warning_notes = []
     # This process decides explicitly; the environment's hook must not apply on its own.
-    activation.deactivate()
+    start_up.deactivate()
     quiet = nullcontext() if args.verbose else import_notices.hidden()
     with quiet, _warnings_as_notes(args.warning_notes):
         try:

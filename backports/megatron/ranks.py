@@ -4,9 +4,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import import_guards
+from .activation.once_per_job import is_rank_zero
 from .catalog import by_id, entries
 from .errors import BackportError
-from .once_per_job import is_rank_zero
 from .patcher import installed
 from .vendored import check_integrity, read_upstream
 

@@ -67,7 +67,7 @@ def _warn_once_per_job(key: str, message: str) -> None:
     if key in _warned:
         return
     _warned.add(key)
-    from .once_per_job import claim  # here, not at the top: only a bad value needs it
+    from .activation.once_per_job import claim  # here, not at the top: only a bad value needs it
 
     if claim(key):  # rank 0, and not again in the children of one that warned
         warnings.warn(message, BackportWarning, stacklevel=3)

@@ -58,7 +58,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import once_per_job, switches
+from . import switches
+from .activation import once_per_job
 from .errors import BackportWarning
 from .model import BackportSpec, Target
 from .one_look import remembered

@@ -1,4 +1,4 @@
-"""Job-start activation: the hook file that ``backports apply`` writes and revert removes.
+"""The hook file that ``backports apply`` writes and revert removes, and where it goes.
 
 Python's ``site`` runs every line of a ``site-packages/*.pth`` file that starts with
 ``import``, in each interpreter of the environment (torchrun ranks, Ray and
@@ -8,140 +8,45 @@ trigger (``backports.megatron._start_up``: the package's ``__init__`` holds it, 
 module more would cost every interpreter start). After ``pip uninstall megatron-backports``
 leaves the hook file behind (pip removes only what it installed) the line imports nothing:
 start-up stays silent and unbroken.
+
+The mechanism only: the caller says which packages the trigger watches and which config it
+fires with (``backports.megatron.job_start`` works them out from the catalog).
 """
 
 import ast
 import importlib.metadata
-import logging
 import os
 import site
-import sys
 import sysconfig
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.machinery import ModuleSpec
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from . import post_import
-from .catalog import select
-from .errors import BackportError
+from ..errors import BackportError
 
 __all__ = [
     "HOOK_FILE",
     "HookState",
-    "active",
-    "deactivate",
     "default_site_dir",
-    "fire",
-    "fire_after_import",
-    "hook_text",
     "is_site_dir",
     "read_hook",
     "remove_hook",
+    "render",
     "same_hook",
-    "target_modules",
-    "triggers",
-    "watched_packages",
     "write_hook",
 ]
 
 HOOK_FILE = "megatron_backports_startup.pth"
-_MARKER = "__megatron_backports_trigger__"  # backports.megatron._TRIGGER
 _CONFIG_LINE = "# config: "
-_LOG = logging.getLogger("backports.megatron")
-_FIRST_IMPORT = "start-up trigger"  # the post_import key of the trigger's one callback
+# The file the hook line checks for: the package whose __init__ holds the trigger.
+_PACKAGE_INIT = Path(__file__).parents[1] / "__init__.py"
 
-
-class _StrictHookFailure(BackportError):
-    # A strict hook's apply() failed: the import of megatron itself must fail.
-    fatal_on_import = True
-
-
-# ---- what the trigger calls, and how to find it ------------------------------------------
-
-
-def fire(config: dict[str, Any]) -> None:
-    """``apply(only, strict=strict)``; never breaks the import that got here, unless strict."""
-    strict = bool(config.get("strict", False))
-    only = config.get("only")
-    try:
-        from .api import apply
-
-        apply(None if only is None else tuple(only), strict=strict)
-    except Exception as exc:
-        if strict:
-            raise
-        from .once_per_job import claim
-
-        said = claim("start-up-apply-failed")  # once per job, as the warnings are
-        _LOG.log(
-            logging.ERROR if said else logging.DEBUG,
-            "megatron-backports: job-start apply() failed: %r",
-            exc,
-        )
-
-
-def fire_after_import(
-    name: str,
-    path: Sequence[str] | None,
-    target: ModuleType | None,
-    config: dict[str, Any],
-    trigger: object = None,
-) -> ModuleSpec | None:
-    """``name``'s spec, whose loader runs ``fire(config)`` once the package has executed and
-    sits in ``sys.modules``: a plugin that imports megatron then finds that very module.
-    The post-import finder takes the ``trigger``'s place: one finder from here on. None
-    (nothing to watch) when no other finder finds ``name``."""
-
-    def after_import(module: ModuleType) -> None:
-        post_import.unregister(_FIRST_IMPORT)  # once: a re-import does not apply again
-        try:
-            fire(config)  # raises only when strict
-        except Exception as exc:
-            raise _StrictHookFailure(f"the strict start-up hook failed: {exc}") from exc
-
-    post_import.take_place_of(trigger)
-    post_import.register(name, _FIRST_IMPORT, after_import)
-    spec = post_import.watched_spec(name, path, target)
-    if spec is None:
-        post_import.unregister(_FIRST_IMPORT)
-    return spec
-
-
-def triggers() -> list[Any]:
-    """The start-up triggers in ``sys.meta_path`` (fired ones included)."""
-    return [finder for finder in sys.meta_path if getattr(finder, _MARKER, False)]
-
-
-def active() -> bool:
-    """Whether a trigger in this interpreter still waits for megatron's first import."""
-    return any(not trigger.fired for trigger in triggers())
-
-
-def deactivate() -> None:
-    """Drop the triggers (the CLI and ``audit``'s probe decide explicitly). Not from a finder:
-    removing from ``sys.meta_path`` while the import system iterates it skips an entry."""
-    sys.meta_path[:] = [finder for finder in sys.meta_path if not getattr(finder, _MARKER, False)]
-    post_import.unregister(_FIRST_IMPORT)
+ExpectedText = Callable[[dict[str, Any]], str]  # a hook's config -> the text to write now
 
 
 # ---- what the hook file holds ------------------------------------------------------------
-
-
-def target_modules(only: tuple[str, ...] | None = None) -> tuple[str, ...]:
-    """Every module name the (selected) backports may patch, in catalog order."""
-    specs = select(only)
-    return tuple(
-        dict.fromkeys(m for spec in specs for target in spec.targets for m in target.modules)
-    )
-
-
-def watched_packages(only: tuple[str, ...] | None = None) -> tuple[str, ...]:
-    """The top-level packages whose first import triggers ``apply()``."""
-    return tuple(dict.fromkeys(name.partition(".")[0] for name in target_modules(only)))
 
 
 def _hook_line(packages: tuple[str, ...], config: dict[str, Any]) -> str:
@@ -151,7 +56,7 @@ def _hook_line(packages: tuple[str, ...], config: dict[str, Any]) -> str:
     # reads this folder but cannot import us (a copied venv, `-I -S` + site.addsitedir).
     # The finders are already loaded: no import is added to every interpreter's start.
     # An editable install also needs its .dist-info checked (see _still_installed).
-    package = str(Path(__file__).with_name("__init__.py"))
+    package = str(_PACKAGE_INIT)
     return (
         f"import os, sys; os.path.isfile({package!r}) and any(getattr(f, 'find_spec', None) "
         f"and f.find_spec('backports', None) for f in sys.meta_path) and {_still_installed()}"
@@ -182,10 +87,9 @@ def _still_installed() -> str:
     )
 
 
-def hook_text(only: tuple[str, ...] | None = None, strict: bool = False) -> str:
-    """The whole hook file this package writes for this interpreter and catalog."""
-    packages = watched_packages(only)
-    config = {"strict": strict, "only": only}
+def render(packages: tuple[str, ...], config: dict[str, Any]) -> str:
+    """The whole hook file for this interpreter: a trigger that waits for the first import
+    of ``packages``, then fires with ``config`` (``apply()``'s arguments)."""
     return (
         "# megatron-backports: activates the backports in every Python process of this\n"
         "# environment. Written by `backports apply`, removed by `backports revert`; does\n"
@@ -205,22 +109,16 @@ def _version() -> str:
 
 @dataclass(frozen=True)
 class HookState:
-    """The hook file at ``path``; ``config`` is None when it is not a file we wrote."""
+    """The hook file at ``path``; ``config`` is None when it is not a file we wrote.
+
+    ``current``: it holds what would be written now, for its own config (else: rerun
+    ``backports apply``). Only a reader told that text can say: False otherwise.
+    """
 
     path: Path
     exists: bool
     config: dict[str, Any] | None = None
-
-    @property
-    def current(self) -> bool:
-        """Written by this version for this interpreter (else: rerun ``backports apply``)."""
-        if not self.exists or self.config is None:
-            return False
-        try:
-            expected = hook_text(self.config.get("only"), bool(self.config.get("strict")))
-            return same_hook(self.path.read_text(encoding="utf-8"), expected)
-        except (OSError, BackportError, TypeError):
-            return False
+    current: bool = False
 
 
 def same_hook(a: str, b: str) -> bool:
@@ -239,13 +137,25 @@ def _parse(text: str) -> dict[str, Any] | None:
     return None
 
 
-def read_hook(site_dir: Path) -> HookState:
+def read_hook(site_dir: Path, expected: ExpectedText | None = None) -> HookState:
+    """The hook file in ``site_dir``, read once; ``expected(config)`` is the text a rewrite
+    would hold now (``current`` compares the two)."""
     path = site_dir / HOOK_FILE
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return HookState(path, False)
-    return HookState(path, True, _parse(text))
+    config = _parse(text)
+    return HookState(path, True, config, _is_current(text, config, expected))
+
+
+def _is_current(text: str, config: dict[str, Any] | None, expected: ExpectedText | None) -> bool:
+    if config is None or expected is None:
+        return False
+    try:
+        return same_hook(text, expected(config))
+    except (BackportError, TypeError):
+        return False  # a config this version cannot write (an unknown id, a wrong type)
 
 
 # ---- where it goes -----------------------------------------------------------------------
@@ -262,13 +172,11 @@ def is_site_dir(folder: Path) -> bool:
     return folder.is_dir() and any(os.path.samefile(folder, d) for d in known)
 
 
-def write_hook(
-    site_dir: Path, only: tuple[str, ...] | None = None, strict: bool = False
-) -> tuple[HookState, bool]:
-    """Write (or refresh) the hook file; returns its state and whether the file changed."""
+def write_hook(site_dir: Path, text: str) -> tuple[HookState, bool]:
+    """Write (or refresh) the hook file with ``text`` (from ``render``); returns its state
+    and whether the file changed."""
     path = site_dir / HOOK_FILE
-    text = hook_text(only, strict)
-    written = HookState(path, True, _parse(text))
+    written = HookState(path, True, _parse(text), current=True)
     try:
         if same_hook(path.read_text(encoding="utf-8"), text):
             return written, False

@@ -1,9 +1,18 @@
-"""Run callbacks right after a named module is first imported (as wrapt's import hooks do).
+"""Run code around a watched module's execution and right after it (as wrapt's import
+hooks do), through one finder in ``sys.meta_path`` for every hook of the process.
+
+- ``register``: ``callback(module)`` each time the module has executed (a backport's
+  install, the start-up trigger's ``apply()``). A failing callback is logged and never
+  breaks the import, unless its error is marked ``fatal_on_import`` (strict mode).
+- ``register_around``: the module executes inside ``around(module)``, a context manager
+  (an import guard: a fix to module-level code must be in place before that code runs).
+  What it raises is the execution's own failure: the import fails, as any would.
 
 Standard library only, and nothing is imported or scanned until a watched module is
-imported: the job-start hook loads this module into every interpreter.
+imported: the start-up trigger loads this module at megatron's first lookup.
 """
 
+import contextlib
 import importlib.abc
 import importlib.machinery
 import logging
@@ -13,17 +22,27 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-__all__ = ["register", "registered", "take_place_of", "unregister", "watched_spec"]
+__all__ = [
+    "register",
+    "register_around",
+    "registered",
+    "take_place_of",
+    "unregister",
+    "watched_spec",
+]
 
 Callback = Callable[[ModuleType], None]
+Around = Callable[[ModuleType], contextlib.AbstractContextManager[Any]]
 
 _LOCK = threading.RLock()
 _CALLBACKS: dict[str, dict[str, Callback]] = {}  # module name -> key -> callback
+_AROUND: dict[str, dict[str, Around]] = {}  # module name -> key -> context manager factory
 _LOG = logging.getLogger("backports.megatron")
 
 
-class _NotifyingLoader(importlib.abc.Loader):
-    """Delegates to the real loader, then runs the callbacks for the executed module."""
+class _WatchingLoader(importlib.abc.Loader):
+    """Delegates to the real loader: the module executes inside its "around" hooks, then
+    its callbacks run."""
 
     def __init__(self, loader: Any) -> None:
         self._loader = loader
@@ -32,7 +51,10 @@ class _NotifyingLoader(importlib.abc.Loader):
         return self._loader.create_module(spec)  # type: ignore[no-any-return]
 
     def exec_module(self, module: ModuleType) -> None:
-        self._loader.exec_module(module)
+        with contextlib.ExitStack() as stack:
+            for around in _hooks(_AROUND, module.__name__):  # the first registered outermost
+                stack.enter_context(around(module))
+            self._loader.exec_module(module)
         _notify(module)
 
     def __getattr__(self, name: str) -> Any:
@@ -49,7 +71,7 @@ class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in _CALLBACKS:
+        if fullname not in _CALLBACKS and fullname not in _AROUND:
             return None
         busy: set[str] = self._busy.__dict__.setdefault("names", set())
         if fullname in busy:
@@ -69,7 +91,7 @@ class _Finder(importlib.abc.MetaPathFinder):
             spec.loader = namespace
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return None
-        spec.loader = _NotifyingLoader(spec.loader)
+        spec.loader = _WatchingLoader(spec.loader)
         return spec
 
     def _find_with_others(
@@ -90,13 +112,16 @@ class _Finder(importlib.abc.MetaPathFinder):
 _FINDER = _Finder()
 
 
-def _notify(module: ModuleType) -> None:
+def _hooks[H: (Callback, Around)](table: dict[str, dict[str, H]], module_name: str) -> list[H]:
     with _LOCK:
         # Once each, however many keys registered it (a callback may serve several keys);
-        # told apart by identity, never by a callback's own __eq__ or __hash__.
-        registered = _CALLBACKS.get(module.__name__, {}).values()
-        callbacks = list({id(callback): callback for callback in registered}.values())
-    for callback in callbacks:
+        # told apart by identity, never by a hook's own __eq__ or __hash__.
+        registered = table.get(module_name, {}).values()
+        return list({id(hook): hook for hook in registered}.values())
+
+
+def _notify(module: ModuleType) -> None:
+    for callback in _hooks(_CALLBACKS, module.__name__):
         try:
             callback(module)
         except Exception as exc:
@@ -128,23 +153,42 @@ def take_place_of(finder: object) -> None:
 def register(module_name: str, key: str, callback: Callback) -> None:
     """Call ``callback(module)`` each time ``module_name`` finishes executing: once per
     import, even when registered under several keys (each key is unregistered alone)."""
+    _add(_CALLBACKS, module_name, key, callback)
+
+
+def register_around(module_name: str, key: str, around: Around) -> None:
+    """Run each later execution of ``module_name`` inside ``around(module)``: a context
+    manager entered just before the module's code runs and left once it has run."""
+    _add(_AROUND, module_name, key, around)
+
+
+def _add[H: (Callback, Around)](
+    table: dict[str, dict[str, H]], module_name: str, key: str, hook: H
+) -> None:
     with _LOCK:
-        _CALLBACKS.setdefault(module_name, {})[key] = callback
+        table.setdefault(module_name, {})[key] = hook
         if _FINDER not in sys.meta_path:
             sys.meta_path.insert(0, _FINDER)
 
 
 def unregister(key: str) -> None:
+    """Drop every hook ``key`` registered; the finder leaves with the last hook."""
     with _LOCK:
-        for module_name in list(_CALLBACKS):
-            _CALLBACKS[module_name].pop(key, None)
-            if not _CALLBACKS[module_name]:
-                del _CALLBACKS[module_name]
-        if not _CALLBACKS and _FINDER in sys.meta_path:
+        _drop(_CALLBACKS, key)
+        _drop(_AROUND, key)
+        if not _CALLBACKS and not _AROUND and _FINDER in sys.meta_path:
             sys.meta_path.remove(_FINDER)
 
 
+def _drop[H: (Callback, Around)](table: dict[str, dict[str, H]], key: str) -> None:
+    for module_name in list(table):
+        table[module_name].pop(key, None)
+        if not table[module_name]:
+            del table[module_name]
+
+
 def registered(key: str) -> list[str]:
-    """The module names ``key`` is watching."""
+    """The module names ``key`` is watching, with either kind of hook."""
     with _LOCK:
-        return [name for name, callbacks in _CALLBACKS.items() if key in callbacks]
+        names = dict.fromkeys([*_CALLBACKS, *_AROUND])
+        return [n for n in names if key in _CALLBACKS.get(n, {}) or key in _AROUND.get(n, {})]
