@@ -257,15 +257,17 @@ def _with_plugin(spec: BackportSpec, key: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- an import guard's key -----------------------------------------------------------------
-# Its sniff imports the guarded module in child interpreters, one per guard (stock, then
-# vendored), each with a stale ``flash_attn`` first on this process's ``sys.path`` and the
-# backports off: seconds of torch and megatron imports that ``status`` and ``check`` would
-# pay in every run. What the children's answer depends on: the interpreter, the path they
-# search, the module's file and every file its distribution installed, the vendored guard,
-# our own code (the sniff, the child's script, the stale stub) and whatever else the import
-# reaches on that path: any distribution (flash-attn, flash-attn-4 -- which the vendored
-# guard asks importlib.metadata about --, nvidia-cutlass-dsl, torch, Transformer Engine...)
-# or a package put there by hand.
+# Its sniff imports the guarded module in child interpreters, one per guard (stock and
+# vendored, side by side), each with a stale ``flash_attn`` first on this process's
+# ``sys.path`` and the backports off: seconds of torch and megatron imports that ``status``
+# and ``check`` would pay in every run. What the children's answer depends on: the
+# interpreter, the path they search, the module's file and every file its distribution
+# installed, the vendored guard, our own code (the sniff, the child's script, the stale
+# stub) and whatever else the import reaches on that path: any distribution (flash-attn,
+# flash-attn-4 -- which the vendored guard asks importlib.metadata about --,
+# nvidia-cutlass-dsl, torch, Transformer Engine...) or a package put there by hand. Not
+# keyed: environment variables the import may read (keying on all of them would never hit);
+# MEGATRON_BACKPORTS_CACHE=0 probes afresh.
 
 # What an import can reach in a folder of sys.path: a package or namespace folder, a module,
 # an extension; and the metadata of each distribution installed there.
