@@ -28,7 +28,7 @@ from backports.megatron import (
     revert,
     status,
 )
-from backports.megatron.catalog import MEGATRON_LM_7617
+from backports.megatron.catalog import MEGATRON_LM_7617, megatron_lm_6964
 from backports.megatron.plugins import GROUP, Withheld
 from tests.conftest import BACKPORT_ID
 
@@ -88,6 +88,27 @@ def make_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Mak
     catalog.reload()
     for name in [n for n in sys.modules if n.split(".")[0] in packages]:
         del sys.modules[name]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_6964_child_per_guard() -> Iterator[None]:
+    """#6964's sniff imports megatron's attention module in a child interpreter (seconds of
+    CPU, two children per probe); its in-process memo is keyed on ``sys.path``, which every
+    plugin made here extends, so each test would start them again. The folders these tests
+    add hold only ``plugin_acme_*`` packages and ``acme-*`` distributions, which that import
+    never reaches: the real child's answer for each guard is computed once for this file."""
+    real = megatron_lm_6964.import_in_child
+    seen: dict[tuple[str, str], dict[str, object]] = {}
+
+    def once_per_guard(guard: Callable[..., object], first_on_path: Path) -> dict[str, object]:
+        key = (guard.__module__, guard.__qualname__)
+        if key not in seen:
+            seen[key] = real(guard, first_on_path)
+        return dict(seen[key])
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(megatron_lm_6964, "import_in_child", once_per_guard)
+        yield
 
 
 BUILTINS = [spec.id for spec in catalog.CATALOG]
