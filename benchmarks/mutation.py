@@ -144,7 +144,7 @@ TARGETED = [
     ),
     Targeted(
         "startup-trigger-imports-a-module",
-        "backports/megatron/_startup.py",
+        "backports/megatron/__init__.py",
         "import os\nimport sys\n",
         'import os\nimport sys\n\n__import__("json")\n',
         ["tests/test_activation.py"],
@@ -152,7 +152,7 @@ TARGETED = [
     ),
     Targeted(
         "startup-trigger-ignores-the-switch",
-        "backports/megatron/_startup.py",
+        "backports/megatron/__init__.py",
         'os.environ.get("MEGATRON_BACKPORTS", "")',
         'os.environ.get("MEGATRON_BACKPORTS" + "_", "")',
         ["tests/test_activation.py"],

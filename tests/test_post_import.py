@@ -2,6 +2,8 @@
 
 import contextlib
 import importlib
+import importlib.abc
+import importlib.machinery
 import sys
 import textwrap
 
@@ -198,3 +200,36 @@ def test_what_an_around_raises_fails_the_import(module_dir):
     assert "hooked_pkg.target" not in sys.modules
     post_import.unregister("test")
     assert importlib.import_module("hooked_pkg.target").answer() == 42
+
+
+class _Claiming(importlib.abc.MetaPathFinder):
+    """Another library's finder (a profiler's or a type checker's import hook) that puts
+    itself first and answers for the modules it likes from the path alone."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname.startswith("hooked_pkg"):
+            return importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        return None
+
+
+def test_a_hook_registered_after_another_finder_came_first_still_runs(module_dir):
+    """Start-up puts the one finder where the trigger stood; a finder inserted in front of it
+    later must not take a guard's module past it: registering brings the finder first."""
+    _write_package(module_dir)
+    trigger = object()
+    sys.meta_path.insert(0, trigger)
+    claiming = _Claiming()
+    try:
+        post_import.take_place_of(trigger)
+        assert sys.meta_path[0] is post_import._FINDER
+        sys.meta_path.insert(0, claiming)
+        events = []
+        post_import.register_around("hooked_pkg.target", "test", _recording_around(events, "a"))
+        assert sys.meta_path.index(post_import._FINDER) == 0
+        assert sys.meta_path.count(post_import._FINDER) == 1 and claiming in sys.meta_path
+        importlib.import_module("hooked_pkg.target")
+        assert events == ["a enter hooked_pkg.target", "a exit, VALUE=41"]
+    finally:
+        for finder in (trigger, claiming):
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)

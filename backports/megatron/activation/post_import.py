@@ -167,8 +167,20 @@ def _add[H: (Callback, Around)](
 ) -> None:
     with _LOCK:
         table.setdefault(module_name, {})[key] = hook
-        if _FINDER not in sys.meta_path:
-            sys.meta_path.insert(0, _FINDER)
+        _come_first()
+
+
+def _come_first() -> None:
+    """Put the one finder at ``sys.meta_path[0]``: a finder another library inserted in
+    front of it since start-up would otherwise answer for a watched module and its hooks
+    would never run. One slice assignment, the list's length kept: an import iterating it
+    meanwhile may meet a finder twice, never skip one."""
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
+        return
+    place = sys.meta_path.index(_FINDER)
+    if place:
+        sys.meta_path[: place + 1] = [_FINDER, *sys.meta_path[:place]]
 
 
 def unregister(key: str) -> None:
