@@ -63,6 +63,22 @@ def test_status_on_a_terminal_fits_its_width(tilelang_dsa, monkeypatch, tmp_path
     assert "verdict" in lines[0] and "action" in lines[0]
 
 
+def test_the_notes_under_the_table_wrap_to_the_width_and_lose_no_word(
+    tilelang_dsa, monkeypatch, tmp_path
+):
+    """The hook's line names a site-packages path: on an 80-column terminal it wraps at
+    spaces, every word kept, never cut and never split inside the path."""
+    site_dir = tmp_path / ("deep-enough-to-make-the-hook-line-longer-than-eighty" * 2)
+    site_dir.mkdir()
+    argv = ["status", "--site-dir", str(site_dir)]
+    _, lines = _on_terminal(monkeypatch, 80, *argv)
+    _, whole = _on_terminal(monkeypatch, 100_000, *argv)
+    notes, whole_notes = lines[1 + len(CATALOG) :], whole[1 + len(CATALOG) :]
+    assert any(len(note) > 80 for note in whole_notes)
+    assert all(len(line) <= 80 or " " not in line.strip() for line in notes), notes
+    assert " ".join(notes).split() == " ".join(whole_notes).split()
+
+
 def test_a_narrow_terminal_leaves_out_the_optional_columns_first(
     tilelang_dsa, monkeypatch, tmp_path
 ):

@@ -115,9 +115,10 @@ def _emit(
     for note in warned:
         print(note, file=sys.stderr)
     if args.format == "table":
-        print(_table(reports, columns, table.layout_for(sys.stdout, full=args.verbose)))
+        layout = table.layout_for(sys.stdout, full=args.verbose)
+        print(_table(reports, columns, layout))
         for note in notes:
-            print(note)
+            print(table.fit_note(note, layout))
         return
     data = [{**r.to_dict(), **{title: cell(r) for title, cell in json_extra}} for r in reports]
     document: Any = data

@@ -16,11 +16,12 @@ Strings in, a string out: nothing here knows what a report is.
 
 import os
 import shutil
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-__all__ = ["ELLIPSIS", "MIN_LAST", "Layout", "layout_for", "render"]
+__all__ = ["ELLIPSIS", "MIN_LAST", "Layout", "fit_note", "layout_for", "render"]
 
 ELLIPSIS = "…"
 MIN_LAST = 40  # the reason keeps at least this much while optional columns can go
@@ -106,3 +107,18 @@ def render(rows: Sequence[Sequence[str]], layout: Layout, optional: Sequence[int
             cells = [*cells[:-1], _cut(cells[-1], room)]
         lines.append(_line(cells, widths, layout.colour and index > 0))  # titles: plain
     return "\n".join(lines)
+
+
+def fit_note(note: str, layout: Layout) -> str:
+    """A note under the table (the hook's path, a summary), wrapped at spaces to the width,
+    its later lines indented: unlike a reason, a note is never cut, and a path in it is
+    never split (a word longer than the width stands alone on its line)."""
+    if layout.width is None or len(note) <= layout.width:
+        return note
+    return textwrap.fill(
+        note,
+        layout.width,
+        subsequent_indent="  ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
