@@ -482,6 +482,9 @@ def _epilog() -> str:
     )
 
 
+_VERBOSE_HELP = "also show other packages' import notices (no CUDA, Transformer Engine, ...)"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="backports",
@@ -490,58 +493,79 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"{_DISTRIBUTION} {_version()}")
-    verbose_help = "also show other packages' import notices (no CUDA, Transformer Engine, ...)"
-    parser.add_argument("-v", "--verbose", action="store_true", help=verbose_help)
+    parser.add_argument("-v", "--verbose", action="store_true", help=_VERBOSE_HELP)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _report_parsers(commands)
+    _new_parser(commands)
+    _sync_parser(commands)
+    _upstream_tests_parser(commands)
+    return parser
 
-    def command(name: str, help_text: str, run: Callable[[argparse.Namespace], int]) -> Any:
-        sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.set_defaults(run=run)
-        formats = sub.add_mutually_exclusive_group()
-        formats.add_argument(
-            "--json",
-            dest="format",
-            action="store_const",
-            const="json",
-            help="print the reports as a JSON list (the same as --format json)",
-        )
-        formats.add_argument(
-            "--format",
-            choices=_FORMATS,
-            help="table (default: fitted to a terminal), json (a list of reports), or "
-            "json-object (schema_version, summary, reports, notes, warnings)",
-        )
-        # SUPPRESS: `backports -v status` must not be reset by the subcommand's default.
-        sub.add_argument(
-            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=verbose_help
-        )
-        return sub
 
-    def only(sub: Any) -> None:
-        sub.add_argument("--only", action="append", metavar="ID", help="this backport only")
+def _report_command(
+    commands: Any, name: str, help_text: str, run: Callable[[argparse.Namespace], int]
+) -> Any:
+    """A subcommand that prints reports: its output formats and its own ``-v``."""
+    sub = commands.add_parser(name, help=help_text, description=help_text)
+    sub.set_defaults(run=run)
+    formats = sub.add_mutually_exclusive_group()
+    formats.add_argument(
+        "--json",
+        dest="format",
+        action="store_const",
+        const="json",
+        help="print the reports as a JSON list (the same as --format json)",
+    )
+    formats.add_argument(
+        "--format",
+        choices=_FORMATS,
+        help="table (default: fitted to a terminal), json (a list of reports), or "
+        "json-object (schema_version, summary, reports, notes, warnings)",
+    )
+    # SUPPRESS: `backports -v status` must not be reset by the subcommand's default.
+    sub.add_argument(
+        "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=_VERBOSE_HELP
+    )
+    return sub
 
-    def site(sub: Any) -> None:
-        sub.add_argument(
-            "--site-dir",
-            metavar="DIR",
-            help="where the hook file lives (default: this interpreter's site-packages)",
-        )
 
-    sub = command("status", "probe each backport; say what apply would do", _cmd_status)
-    only(sub)
-    site(sub)
+def _only_option(sub: Any) -> None:
+    sub.add_argument("--only", action="append", metavar="ID", help="this backport only")
+
+
+def _site_dir_option(sub: Any) -> None:
+    sub.add_argument(
+        "--site-dir",
+        metavar="DIR",
+        help="where the hook file lives (default: this interpreter's site-packages)",
+    )
+
+
+def _report_parsers(commands: Any) -> None:
+    """status, apply, revert, audit and check: the commands that print reports."""
+    sub = _report_command(
+        commands, "status", "probe each backport; say what apply would do", _cmd_status
+    )
+    _only_option(sub)
+    _site_dir_option(sub)
     sub.add_argument("--strict", action="store_true", help="exit 1 if any is incompatible")
 
-    sub = command("apply", "apply now and at every later interpreter start", _cmd_apply)
-    only(sub)
-    site(sub)
+    sub = _report_command(
+        commands, "apply", "apply now and at every later interpreter start", _cmd_apply
+    )
+    _only_option(sub)
+    _site_dir_option(sub)
     sub.add_argument("--strict", action="store_true", help="fail on incompatible, also later")
 
-    sub = command("revert", "remove the start-up hook and revert in this process", _cmd_revert)
-    site(sub)
+    sub = _report_command(
+        commands, "revert", "remove the start-up hook and revert in this process", _cmd_revert
+    )
+    _site_dir_option(sub)
 
-    sub = command("audit", "probe a candidate megatron-core without installing it", _cmd_audit)
-    only(sub)
+    sub = _report_command(
+        commands, "audit", "probe a candidate megatron-core without installing it", _cmd_audit
+    )
+    _only_option(sub)
     where = sub.add_mutually_exclusive_group(required=True)
     where.add_argument("--wheel", metavar="PATH", help="a megatron-core wheel")
     where.add_argument("--dir", metavar="SITE_PACKAGES", help="a folder holding megatron/")
@@ -549,16 +573,8 @@ def _parser() -> argparse.ArgumentParser:
         "--fail-on-landed", action="store_true", help="exit 1 if a backport has landed there"
     )
 
-    sub = command(
-        "check",
-        "CI gate: exit 1 if a backport is incompatible, landed, or fails to apply",
-        _cmd_check,
-    )
-    only(sub)
-    _new_parser(commands)
-    _sync_parser(commands)
-    _upstream_tests_parser(commands)
-    return parser
+    gate = "CI gate: exit 1 if a backport is incompatible, landed, or fails to apply"
+    _only_option(_report_command(commands, "check", gate, _cmd_check))
 
 
 _NEW_EXAMPLE = """\
