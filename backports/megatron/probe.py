@@ -48,6 +48,25 @@ def _version_claim(spec: BackportSpec, evidence: dict[str, Any]) -> bool | None:
     return installed >= spec.fixed_in
 
 
+def _provenance_evidence(upstream: dict[str, Any], integrity: Integrity) -> dict[str, Any]:
+    """What ``UPSTREAM.toml`` says of the fix and whether the vendored files match it."""
+    provenance = {
+        key: upstream.get(key) for key in ("repo", "pr", "head_sha", "merge_sha", "origin")
+    }
+    # Module globals the vendored code reads at call time, as tools/sync_upstream.py found.
+    provenance["reads"] = [str(name) for name in upstream.get("reads", [])]
+    vendored = {
+        "file": integrity.file,
+        "sha256": integrity.actual,
+        "expected_sha256": integrity.expected,
+        "folder": integrity.folder,
+        "files_sha256": integrity.files_actual,
+        "expected_files_sha256": integrity.files_expected or None,
+        "ok": integrity.ok,
+    }
+    return {"upstream": provenance, "vendored": vendored}
+
+
 def probe_without_import(spec: BackportSpec) -> ProbeResult:
     """The verdicts that need no import of megatron: absent, or a drifted vendored file.
 
@@ -59,20 +78,7 @@ def probe_without_import(spec: BackportSpec) -> ProbeResult:
         integrity = check_integrity(spec.vendored, upstream)
     except Exception as exc:
         return ProbeResult(Verdict.INCOMPATIBLE, f"vendored code refused: {exc}", evidence)
-    evidence["upstream"] = {
-        key: upstream.get(key) for key in ("repo", "pr", "head_sha", "merge_sha", "origin")
-    }
-    # Module globals the vendored code reads at call time, as tools/sync_upstream.py found.
-    evidence["upstream"]["reads"] = [str(name) for name in upstream.get("reads", [])]
-    evidence["vendored"] = {
-        "file": integrity.file,
-        "sha256": integrity.actual,
-        "expected_sha256": integrity.expected,
-        "folder": integrity.folder,
-        "files_sha256": integrity.files_actual,
-        "expected_files_sha256": integrity.files_expected or None,
-        "ok": integrity.ok,
-    }
+    evidence.update(_provenance_evidence(upstream, integrity))
     installed = installed_version(spec.target.distribution, spec.target.modules)
     evidence["distribution"] = {"name": spec.target.distribution, **installed.to_dict()}
     others = _other_distributions(spec)
@@ -403,6 +409,13 @@ def _vendored_unproven(
     }
     if alone.detail.get("unfinished"):
         evidence["unfinished"] = True
+    return _unproven_reason(folder, alone, composed)
+
+
+def _unproven_reason(folder: str, alone: SniffResult, composed: SniffResult | None) -> str | None:
+    """Why the vendored code alone (``alone``), or composed with the local changes in the
+    mode in force (``composed``), is not shown to carry the fix, or None."""
+    if alone.detail.get("unfinished"):
         return f"{folder} is unfinished: {alone.summary}"
     if not alone.fixed:
         hidden = (

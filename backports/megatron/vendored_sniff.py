@@ -72,11 +72,7 @@ def sniff_replacement(
             from .import_guards import GuardTarget
 
             guard = getattr(vendored_module, spec.guard.replacement_name)
-            guarded: list[Any] = [GuardTarget(spec.guard.modules[0], guard)]
-            result = spec.sniff(guarded)
-            if not isinstance(result, SniffResult):
-                raise TypeError(f"the sniff returned {type(result).__name__}, not a SniffResult")
-            return result
+            return _sniffed(spec, [GuardTarget(spec.guard.modules[0], guard)])
         resolved = tuple(targets) if targets is not None else _resolve(spec)
         functions = replacement_functions(
             spec, vendored_module, resolved[0].module_name, upstream_only=True
@@ -87,14 +83,19 @@ def sniff_replacement(
             name = getattr(stub, "__qualname__", repr(stub))
             summary = f"{name} is a stub: its body only raises NotImplementedError"
             return SniffResult(False, summary, {"stub": name, "unfinished": True})
-        result = spec.sniff(_stand_ins(spec, functions, resolved, upstream_only))
-        if not isinstance(result, SniffResult):
-            raise TypeError(f"the sniff returned {type(result).__name__}, not a SniffResult")
+        return _sniffed(spec, _stand_ins(spec, functions, resolved, upstream_only))
     except Exception as exc:
         first_line = (str(exc).splitlines() or [""])[0]
         raised = f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
         detail = {"raised": raised, "unfinished": isinstance(exc, NotImplementedError)}
         return SniffResult(False, f"the sniff raised {raised}", detail)
+
+
+def _sniffed(spec: BackportSpec, stand_ins: Sequence[Any]) -> SniffResult:
+    """The entry's sniff on ``stand_ins``; what is no ``SniffResult`` is the sniff's error."""
+    result = spec.sniff(stand_ins)
+    if not isinstance(result, SniffResult):
+        raise TypeError(f"the sniff returned {type(result).__name__}, not a SniffResult")
     return result
 
 

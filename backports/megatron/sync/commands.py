@@ -151,6 +151,22 @@ def _vendor_at(
     return lambda p: render_pieces(sources, pieces, p)
 
 
+def _provenance(manifest: dict[str, Any], sha: str, source_path: str) -> Provenance:
+    """The header of the vendored file: where its text was read, at which commit."""
+    return Provenance(
+        repo=manifest["repo"],
+        pr=manifest["pr"],
+        sha=sha,
+        path=source_path,
+        symbol=", ".join(symbols(manifest)),
+        target_module=_module_name(manifest["path"]),
+        # Not once the move is done: the source is then read from the new place.
+        moved_path=None
+        if source_path == manifest.get("moved_path")
+        else manifest.get("moved_path"),
+    )
+
+
 def sync(
     vendor: Path,
     backport_id: str,
@@ -178,19 +194,7 @@ def sync(
         if source.note:
             print(f"note: {source.note}")
         vendor_text = _vendor_at(manifest, commit, source)
-    provenance = Provenance(
-        repo=manifest["repo"],
-        pr=manifest["pr"],
-        sha=commit.hexsha,
-        path=source.path,
-        symbol=", ".join(symbols(manifest)),
-        target_module=_module_name(manifest["path"]),
-        # Not once the move is done: the source is then read from the new place.
-        moved_path=None
-        if source.path == manifest.get("moved_path")
-        else manifest.get("moved_path"),
-    )
-    vendored, decorators = vendor_text(provenance)
+    vendored, decorators = vendor_text(_provenance(manifest, commit.hexsha, source.path))
     print(f"reads from the target module: {', '.join(vendored.reads) or 'nothing'}")
     for symbol, texts in decorators.items():
         print(f"recorded the decorators of {symbol}: {', '.join('@' + d for d in texts)}")
