@@ -243,6 +243,32 @@ def test_the_vendored_module_text() -> None:
     assert vendored.segment == "def f():\n    return K + helper()\n"
 
 
+def test_the_header_is_written_out_line_for_line() -> None:
+    """A re-sync of the same commit must give the same bytes (UPSTREAM.toml pins their
+    hash): the opening lines, written out here by hand, may not drift."""
+    text = vendor("def f():\n    return K\n").text
+    assert text.splitlines()[:18] == [
+        "# Vendored for megatron-backports; see UPSTREAM.toml beside this file.",
+        "# repo:   https://example.com/up.git",
+        "# pr:     1",
+        "# sha:    " + "ab" * 20,
+        "# path:   m.py",
+        "# symbol: f",
+        "# origin: synced by tools/sync_upstream.py: upstream's function as it is, except that",
+        "#         the module globals it reads are looked up on the live target module.",
+        "# Upstream code is not held to this repository's lint rules:",
+        "# ruff: noqa",
+        '"""Upstream ``f`` at abababababab, synced by tools/sync_upstream.py.',
+        "",
+        "Do not edit by hand: ``python tools/sync_upstream.py --check`` fails on any change.",
+        "The names in ``__reads__`` are read from the live target module at call time, so a",
+        "kernel or helper replaced there is seen here; the target module must have each one.",
+        '"""',
+        "",
+        "import sys",
+    ]
+
+
 def test_the_header_says_only_what_the_entrys_manifest_records():
     """No entry's story in the generic text: a planned move is mentioned only when this
     entry's UPSTREAM.toml records one, and then with its own path."""
@@ -277,3 +303,26 @@ def test_a_value_that_would_escape_into_code_is_refused(field: str, value: str) 
 def test_a_target_module_that_is_no_python_name_is_refused() -> None:
     with pytest.raises(RewriteError, match="is not a dotted Python name"):
         Provenance("https://example.com/up.git", 1, "ab" * 20, "m.py", "f", 'm"\nimport os')
+
+
+def test_the_header_of_several_pieces_is_written_out_line_for_line() -> None:
+    """The multi-piece assembly words its origin and docstring its own way (it serves
+    several upstream files); those lines, written out here by hand, may not drift."""
+    from backports.megatron.sync.assemble import Piece, render_pieces
+
+    provenance = Provenance("https://example.com/up.git", 1, "ab" * 20, "m.py", "f", "m")
+    sources = {"m.py": MODULE + "def f():\n    return K\n", "n.py": "def g():\n    return 2\n"}
+    pieces = [Piece("m.py", "m", "f"), Piece("n.py", "n", "g")]
+    vendored, _ = render_pieces(sources, pieces, provenance)
+    assert vendored.text.splitlines()[6:16] == [
+        "# origin: synced by backports sync: upstream's code as it is, except that the module",
+        "#         globals it reads are looked up on the live upstream modules.",
+        "# Upstream code is not held to this repository's lint rules:",
+        "# ruff: noqa",
+        '"""Upstream ``f`` at abababababab, synced by backports sync.',
+        "",
+        "Do not edit by hand: ``backports sync --check`` fails on any change. The names in",
+        "``__reads__`` are read from the live target module at call time (those in",
+        "``__reads_from__`` from the other modules named there).",
+        '"""',
+    ]

@@ -33,6 +33,7 @@ from .rewrite import (
     defines,
     find_function,
     replace_names,
+    vendored_head,
 )
 
 __all__ = ["Piece", "render_pieces"]
@@ -233,28 +234,28 @@ def _module_text(
     others: dict[str, tuple[str, ...]],
     body: str,
 ) -> str:
-    head = [
-        "# Vendored for megatron-backports; see UPSTREAM.toml beside this file.",
-        f"# repo:   {p.repo}",
-        f"# pr:     {p.pr}",
-        f"# sha:    {p.sha}",
-        f"# path:   {p.path}",
-        f"# symbol: {p.symbol}",
-        "# origin: synced by backports sync: upstream's code as it is, except that the module",
-        "#         globals it reads are looked up on the live upstream modules.",
-        "# Upstream code is not held to this repository's lint rules:",
-        "# ruff: noqa",
-        f'"""Upstream ``{p.symbol}`` at {p.sha[:12]}, synced by backports sync.',
-        "",
-        "Do not edit by hand: ``backports sync --check`` fails on any change. The names in",
-        "``__reads__`` are read from the live target module at call time (those in",
-        "``__reads_from__`` from the other modules named there).",
-        '"""',
-        "",
-    ]
-    if future:
-        head += [f"from __future__ import {', '.join(future)}", ""]
-    head += list(dict.fromkeys(["import sys", *imports]))
+    head = vendored_head(
+        p,
+        future,
+        imports,
+        origin=(
+            "synced by backports sync: upstream's code as it is, except that the module",
+            "globals it reads are looked up on the live upstream modules.",
+        ),
+        doc=(
+            f"Upstream ``{p.symbol}`` at {p.sha[:12]}, synced by backports sync.",
+            "",
+            "Do not edit by hand: ``backports sync --check`` fails on any change. The names in",
+            "``__reads__`` are read from the live target module at call time (those in",
+            "``__reads_from__`` from the other modules named there).",
+        ),
+    )
+    return "\n".join(head) + _live_lookups(p, reads, others) + "\n\n" + body
+
+
+def _live_lookups(p: Provenance, reads: tuple[str, ...], others: dict[str, tuple[str, ...]]) -> str:
+    """The names the code reads on the live modules, and the functions that find those
+    modules at call time (the one of another upstream file only where the code reads one)."""
     reads_text = "".join(f'    "{name}",\n' for name in reads)
     move = f" (upstream plans to move it to {p.moved_path})" if p.moved_path else ""
     parts = [
@@ -278,4 +279,4 @@ def _module_text(
         parts.append(
             f"\n\ndef {LIVE_MODULE}(name):\n    __import__(name)\n    return sys.modules[name]\n"
         )
-    return "\n".join(head) + "".join(parts) + "\n\n" + body
+    return "".join(parts)

@@ -454,28 +454,22 @@ def _module_text(
     function: str,
 ) -> str:
     p = provenance
-    head = [
-        "# Vendored for megatron-backports; see UPSTREAM.toml beside this file.",
-        f"# repo:   {p.repo}",
-        f"# pr:     {p.pr}",
-        f"# sha:    {p.sha}",
-        f"# path:   {p.path}",
-        f"# symbol: {p.symbol}",
-        "# origin: synced by tools/sync_upstream.py: upstream's function as it is, except that",
-        "#         the module globals it reads are looked up on the live target module.",
-        "# Upstream code is not held to this repository's lint rules:",
-        "# ruff: noqa",
-        f'"""Upstream ``{p.symbol}`` at {p.sha[:12]}, synced by tools/sync_upstream.py.',
-        "",
-        "Do not edit by hand: ``python tools/sync_upstream.py --check`` fails on any change.",
-        "The names in ``__reads__`` are read from the live target module at call time, so a",
-        "kernel or helper replaced there is seen here; the target module must have each one.",
-        '"""',
-        "",
-    ]
-    if future:
-        head += [f"from __future__ import {', '.join(future)}", ""]
-    head += list(dict.fromkeys(["import sys", *imports]))
+    head = vendored_head(
+        p,
+        future,
+        imports,
+        origin=(
+            "synced by tools/sync_upstream.py: upstream's function as it is, except that",
+            "the module globals it reads are looked up on the live target module.",
+        ),
+        doc=(
+            f"Upstream ``{p.symbol}`` at {p.sha[:12]}, synced by tools/sync_upstream.py.",
+            "",
+            "Do not edit by hand: ``python tools/sync_upstream.py --check`` fails on any change.",
+            "The names in ``__reads__`` are read from the live target module at call time, so a",
+            "kernel or helper replaced there is seen here; the target module must have each one.",
+        ),
+    )
     reads_text = "".join(f'    "{name}",\n' for name in reads)
     # Said only when this entry's UPSTREAM.toml records a planned move.
     move = f" (upstream plans to move it to {p.moved_path})" if p.moved_path else ""
@@ -490,3 +484,36 @@ def _module_text(
         "    return sys.modules[__target_module__]\n\n\n"
     )
     return "\n".join(head) + body + function.rstrip("\r\n") + "\n"
+
+
+def vendored_head(
+    p: Provenance,
+    future: tuple[str, ...],
+    imports: list[str],
+    *,
+    origin: tuple[str, str],
+    doc: tuple[str, ...],
+) -> list[str]:
+    """The lines every synced file opens with: where it came from, how it differs from
+    upstream (``origin``, two comment lines), its docstring (``doc``), then its imports.
+    The single-function rewrite and the multi-piece assembly word ``origin`` and ``doc``
+    each their own way; the bytes of a synced file are what ``--check`` compares."""
+    head = [
+        "# Vendored for megatron-backports; see UPSTREAM.toml beside this file.",
+        f"# repo:   {p.repo}",
+        f"# pr:     {p.pr}",
+        f"# sha:    {p.sha}",
+        f"# path:   {p.path}",
+        f"# symbol: {p.symbol}",
+        f"# origin: {origin[0]}",
+        f"#         {origin[1]}",
+        "# Upstream code is not held to this repository's lint rules:",
+        "# ruff: noqa",
+        f'"""{doc[0]}',
+        *doc[1:],
+        '"""',
+        "",
+    ]
+    if future:
+        head += [f"from __future__ import {', '.join(future)}", ""]
+    return head + list(dict.fromkeys(["import sys", *imports]))
