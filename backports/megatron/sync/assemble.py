@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from .errors import RewriteError, SourceError
 from .rewrite import (
     LIVE_TARGET,
+    LIVE_TARGET_DEF,
     Provenance,
     ToLive,
     Vendored,
@@ -33,6 +34,7 @@ from .rewrite import (
     defines,
     find_function,
     replace_names,
+    target_globals,
     vendored_head,
 )
 
@@ -256,15 +258,7 @@ def _module_text(
 def _live_lookups(p: Provenance, reads: tuple[str, ...], others: dict[str, tuple[str, ...]]) -> str:
     """The names the code reads on the live modules, and the functions that find those
     modules at call time (the one of another upstream file only where the code reads one)."""
-    reads_text = "".join(f'    "{name}",\n' for name in reads)
-    move = f" (upstream plans to move it to {p.moved_path})" if p.moved_path else ""
-    parts = [
-        "\n\n# The module whose globals the code reads. The applier rebinds it to the module\n"
-        f"# that really defines the first target{move}.\n"
-        f'__target_module__ = "{p.target_module}"\n\n'
-        "# Module globals of the target that the code reads at call time.\n"
-        f"__reads__ = (\n{reads_text})\n"
-    ]
+    parts = [target_globals(p, reads, reader="the code", definer="the first target")]
     if others:
         listed = "".join(
             f'    "{module}": ({"".join(f"{chr(34)}{n}{chr(34)}, " for n in names)}),\n'
@@ -274,7 +268,7 @@ def _live_lookups(p: Provenance, reads: tuple[str, ...], others: dict[str, tuple
             "\n# What the code of other upstream files reads on their modules.\n"
             f"__reads_from__ = {{\n{listed}}}\n"
         )
-    parts.append(f"\n\ndef {LIVE_TARGET}():\n    return sys.modules[__target_module__]\n")
+    parts.append(f"\n\n{LIVE_TARGET_DEF}")
     if others:
         parts.append(
             f"\n\ndef {LIVE_MODULE}(name):\n    __import__(name)\n    return sys.modules[name]\n"

@@ -20,6 +20,7 @@ from .errors import RewriteError, SourceError, SyncError
 
 __all__ = [
     "LIVE_TARGET",
+    "LIVE_TARGET_DEF",
     "Provenance",
     "RewriteError",
     "SourceError",
@@ -31,6 +32,8 @@ __all__ = [
 ]
 
 LIVE_TARGET = "_live_target"
+# What a synced file defines to find the live target module at call time.
+LIVE_TARGET_DEF = f"def {LIVE_TARGET}():\n    return sys.modules[__target_module__]\n"
 # Names the vendored module itself defines; upstream code must not bind them.
 _RESERVED = frozenset({LIVE_TARGET, "__target_module__", "__reads__"})
 # Module roots whose unconditional imports the vendored file repeats instead of reading
@@ -470,19 +473,8 @@ def _module_text(
             "kernel or helper replaced there is seen here; the target module must have each one.",
         ),
     )
-    reads_text = "".join(f'    "{name}",\n' for name in reads)
-    # Said only when this entry's UPSTREAM.toml records a planned move.
-    move = f" (upstream plans to move it to {p.moved_path})" if p.moved_path else ""
-    body = (
-        "\n\n# The module whose globals the function reads. The applier rebinds it to the module\n"
-        f"# that really defines the function{move}.\n"
-        # A dotted Python name (checked by Provenance): safe between double quotes.
-        f'__target_module__ = "{p.target_module}"\n\n'
-        "# Module globals of the target that the function reads at call time.\n"
-        f"__reads__ = (\n{reads_text})\n\n\n"
-        f"def {LIVE_TARGET}():\n"
-        "    return sys.modules[__target_module__]\n\n\n"
-    )
+    globals_block = target_globals(p, reads, reader="the function", definer="the function")
+    body = f"{globals_block}\n\n{LIVE_TARGET_DEF}\n\n"
     return "\n".join(head) + body + function.rstrip("\r\n") + "\n"
 
 
@@ -517,3 +509,20 @@ def vendored_head(
     if future:
         head += [f"from __future__ import {', '.join(future)}", ""]
     return head + list(dict.fromkeys(["import sys", *imports]))
+
+
+def target_globals(p: Provenance, reads: tuple[str, ...], *, reader: str, definer: str) -> str:
+    """``__target_module__`` and ``__reads__`` of a synced file: the module whose globals
+    ``reader`` (the synced code) reads, which the applier rebinds to the module that really
+    defines ``definer``, and the names it reads there."""
+    reads_text = "".join(f'    "{name}",\n' for name in reads)
+    # Said only when this entry's UPSTREAM.toml records a planned move.
+    move = f" (upstream plans to move it to {p.moved_path})" if p.moved_path else ""
+    return (
+        f"\n\n# The module whose globals {reader} reads. The applier rebinds it to the module\n"
+        f"# that really defines {definer}{move}.\n"
+        # A dotted Python name (checked by Provenance): safe between double quotes.
+        f'__target_module__ = "{p.target_module}"\n\n'
+        f"# Module globals of the target that {reader} reads at call time.\n"
+        f"__reads__ = (\n{reads_text})\n"
+    )
