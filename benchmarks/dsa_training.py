@@ -436,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     tilelang_dsa = importlib.import_module(TILELANG_DSA)  # the start-up hook fires here
     from megatron.core.transformer.experimental_attention_variant import dsa
 
-    from backports.megatron.ranks import installed_backports
+    from backports.megatron.job.ranks import installed_backports
 
     fused = tilelang_dsa.fused_sparse_mla_absorbed
     report: dict[str, Any] = {

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from backports.megatron import revert
+from backports.megatron.session import SESSION
 from backports.megatron.testing.fake_kernel import FakeSparseMLA
 
 TILELANG_DSA = "megatron.core.transformer.experimental_attention_variant.ops.tilelang_dsa"
@@ -36,7 +37,7 @@ def environment_plugins() -> frozenset[str]:
     plugin (``backports new`` tells its author to install it into the job's venv)."""
     from packaging.utils import canonicalize_name
 
-    from backports.megatron.plugins import GROUP
+    from backports.megatron.catalog._plugins import GROUP
 
     return frozenset(
         canonicalize_name(ep.dist.name)
@@ -88,7 +89,7 @@ def _builtins_and_the_tests_own_plugins(
     from packaging.utils import canonicalize_name
 
     from backports.megatron import catalog
-    from backports.megatron.plugins import GROUP
+    from backports.megatron.catalog._plugins import GROUP
 
     real = importlib.metadata.entry_points
 
@@ -121,23 +122,25 @@ def _no_backport_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE", "0")
     monkeypatch.delenv("MEGATRON_BACKPORTS_SAID")
     revert()
+    SESSION.reset()  # a new session per test: nothing installed, watched, said or loaded
     yield
     revert()
+    SESSION.reset()
 
 
 @pytest.fixture
 def scans(monkeypatch: pytest.MonkeyPatch) -> list[list[object]]:
     """Each scan for aliases the patcher makes, as the objects it looked for."""
-    from backports.megatron import patcher
+    from backports.megatron.kinds import install
 
     seen: list[list[object]] = []
-    real = patcher._bindings_of_each
+    real = install.bindings_of_each
 
     def counting(objs):  # type: ignore[no-untyped-def]
         seen.append(list(objs))
         return real(objs)
 
-    monkeypatch.setattr(patcher, "_bindings_of_each", counting)
+    monkeypatch.setattr(install, "bindings_of_each", counting)
     return seen
 
 
@@ -152,7 +155,8 @@ def ids_installed_by_importing(module: str) -> list[str]:
     script = (
         f"import sys, {module}\n"
         "from backports.megatron.catalog import CATALOG\n"
-        "print(' '.join(s.id for s in CATALOG if s.guard is not None or all("
+        "from backports.megatron.kinds import kind_of\n"
+        "print(' '.join(s.id for s in CATALOG if all(kind_of(t).before_import or "
         "any(m in sys.modules for m in t.modules) for t in s.targets)))"
     )
     done = subprocess.run(

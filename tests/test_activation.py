@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 
 import backports.megatron
-from backports.megatron import Action, BackportError, activation, api, import_guards, job_start
-from backports.megatron.activation import post_import, start_up
+from backports.megatron import Action, BackportError, api
 from backports.megatron.catalog import CATALOG
+from backports.megatron.interpreter import import_hooks as post_import
+from backports.megatron.job import hook_file, start_up
+from backports.megatron.job import startup_hook as job_start
+from backports.megatron.kinds import install
 from tests.conftest import BACKPORT_ID
 
 PACKAGE_INIT = Path(backports.megatron.__file__)  # the package the hook line imports
@@ -32,15 +35,18 @@ def _hook_line(text: str) -> str:
 def fired(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     """Record trigger firings instead of running apply(); drop triggers afterwards."""
     calls: list[dict] = []
-    monkeypatch.setattr(job_start, "fire", calls.append)  # what the trigger calls
+    # What the trigger's hook calls, by name, once megatron has executed.
+    monkeypatch.setattr(
+        backports.megatron, "_job_start", lambda module, **config: calls.append(config)
+    )
     # The environment running the tests may carry the hook (`tools/run-job` leaves it in
     # .venv): its trigger is in this process already. Each test starts without one.
-    activation.deactivate()
+    start_up.deactivate()
     # As in a fresh interpreter: megatron not imported yet (an earlier test may have), or
     # the hook fires at once, as it should where megatron is already there.
     monkeypatch.delitem(sys.modules, "megatron", raising=False)
     yield calls
-    activation.deactivate()
+    start_up.deactivate()
 
 
 def _run_hook_as_site_does(text: str) -> None:
@@ -95,13 +101,13 @@ def test_the_hook_line_imports_nothing_at_start_up():
 def test_the_hook_line_obeys_the_api_switch(fired, monkeypatch, value, armed):
     monkeypatch.setenv(api.ENV_ENABLE, value)
     _run_hook_as_site_does(job_start.hook_text())
-    assert bool(activation.triggers()) is armed
+    assert bool(start_up.triggers()) is armed
 
 
 def test_hook_installs_a_trigger_that_fires_once_on_megatron(fired):
     _run_hook_as_site_does(job_start.hook_text(strict=True))
-    (trigger,) = activation.triggers()
-    assert sys.meta_path[0] is trigger and activation.active()
+    (trigger,) = start_up.triggers()
+    assert sys.meta_path[0] is trigger and start_up.active()
     assert trigger.find_spec("numpy", None, None) is None and fired == []
     spec = trigger.find_spec("megatron", None, None)
     assert spec.name == "megatron" and spec.submodule_search_locations  # megatron's own
@@ -112,13 +118,18 @@ def test_hook_installs_a_trigger_that_fires_once_on_megatron(fired):
     assert fired == [{"strict": True, "only": None}]
     spec.loader.exec_module(module)  # a re-import does not apply again
     assert fired == [{"strict": True, "only": None}]
-    # One finder: the post-import finder stood in the trigger's place at the lookup.
-    assert not activation.active() and activation.triggers() == []
-    assert trigger not in sys.meta_path
+    # The one hook has fired: nothing of ours acts any more (the trigger stays, inert).
+    assert not start_up.active() and start_up.triggers() == [trigger]
+    assert _our_finders() == []
 
 
 def _our_finders() -> list[object]:
-    return [f for f in sys.meta_path if type(f).__module__.startswith("backports.megatron")]
+    """Our finders that still act: a fired start-up trigger answers nothing any more."""
+    return [
+        f
+        for f in sys.meta_path
+        if type(f).__module__.startswith("backports.megatron") and not getattr(f, "fired", False)
+    ]
 
 
 def test_one_finder_serves_the_trigger_the_import_guards_and_the_post_import_hooks(fired):
@@ -127,22 +138,22 @@ def test_one_finder_serves_the_trigger_the_import_guards_and_the_post_import_hoo
     one finder of ours in ``sys.meta_path`` serves them all, never two in series."""
     assert post_import._FINDER not in sys.meta_path  # conftest reverted what tests left
     _run_hook_as_site_does(job_start.hook_text())
-    (trigger,) = activation.triggers()
+    (trigger,) = start_up.triggers()
     assert _our_finders() == [trigger]
-    assert trigger.find_spec("megatron", None, None) is not None  # the finder takes its place
+    assert trigger.find_spec("megatron", None, None) is not None  # the finder comes first
     try:
         (report,) = api.apply(("megatron-lm-6964",))
         assert report.action is Action.INSTALLED
-        assert import_guards.installed("megatron-lm-6964") is not None
+        assert install.installed("megatron-lm-6964") is not None
         post_import.register("megatron_not_imported_yet.target", "another backport", print)
-        assert _our_finders() == [post_import._FINDER]
+        assert _our_finders() == [post_import._FINDER]  # the trigger fired: it answers nothing
         assert post_import.registered("import-guard:megatron-lm-6964") == [
             "megatron.core.transformer.attention"
         ]
     finally:
         post_import.unregister("another backport")
         api.revert(("megatron-lm-6964",))
-        activation.deactivate()
+        start_up.deactivate()
     assert _our_finders() == []
 
 
@@ -154,7 +165,7 @@ def test_the_trigger_marker_is_the_packages():
 def test_running_the_hook_twice_keeps_one_trigger(fired):
     _run_hook_as_site_does(job_start.hook_text())
     _run_hook_as_site_does(job_start.hook_text())
-    assert len(activation.triggers()) == 1
+    assert len(start_up.triggers()) == 1
 
 
 def test_hook_line_is_one_short_readable_import():
@@ -196,16 +207,18 @@ class _Broken(importlib.abc.MetaPathFinder):
 
 
 def _break_activation(monkeypatch, error: Exception) -> None:
-    """``backports.megatron.job_start`` (what the trigger imports when it fires) fails to
-    import, as after a half-done upgrade."""
-    monkeypatch.delitem(sys.modules, "backports.megatron.job_start")
-    monkeypatch.delattr(sys.modules["backports.megatron"], "job_start")
-    finder = _Broken("backports.megatron.job_start", error)
+    """``backports.megatron.job.start_up`` (what the trigger imports at megatron's first
+    lookup) fails to import, as after a half-done upgrade."""
+    import backports.megatron.job.start_up  # noqa: F401  (there to be taken away)
+
+    monkeypatch.delitem(sys.modules, "backports.megatron.job.start_up")
+    monkeypatch.delattr(sys.modules["backports.megatron.job"], "start_up")
+    finder = _Broken("backports.megatron.job.start_up", error)
     monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
     monkeypatch.delenv("MEGATRON_BACKPORTS_SAID", raising=False)
 
 
-_SYNTAX_ERROR = SyntaxError("invalid syntax", ("job_start.py", 3, 5, "def (\n"))
+_SYNTAX_ERROR = SyntaxError("invalid syntax", ("start_up.py", 3, 5, "def (\n"))
 
 
 @pytest.mark.parametrize(
@@ -214,7 +227,7 @@ _SYNTAX_ERROR = SyntaxError("invalid syntax", ("job_start.py", 3, 5, "def (\n"))
 def test_a_broken_install_is_said_in_one_line_and_megatron_imports(fired, monkeypatch, error):
     _break_activation(monkeypatch, error)
     _run_hook_as_site_does(job_start.hook_text())
-    (trigger,) = activation.triggers()
+    (trigger,) = start_up.triggers()
     err = io.StringIO()
     with redirect_stderr(err):
         assert trigger.find_spec("megatron", None, None) is None  # the import goes on
@@ -229,17 +242,17 @@ def test_a_broken_install_is_said_once_per_job(fired, monkeypatch):
     _run_hook_as_site_does(job_start.hook_text())
     err = io.StringIO()
     with redirect_stderr(err):
-        activation.triggers()[0].find_spec("megatron", None, None)
+        start_up.triggers()[0].find_spec("megatron", None, None)
         # A spawn child of this process: a new trigger, the parent's environment.
         _run_hook_as_site_does(job_start.hook_text())
-        activation.triggers()[0].find_spec("megatron", None, None)
+        start_up.triggers()[0].find_spec("megatron", None, None)
     assert len(err.getvalue().splitlines()) == 1
 
 
 def test_a_broken_install_fails_the_import_in_strict_mode(fired, monkeypatch):
     _break_activation(monkeypatch, _SYNTAX_ERROR)
     _run_hook_as_site_does(job_start.hook_text(strict=True))
-    (trigger,) = activation.triggers()
+    (trigger,) = start_up.triggers()
     with pytest.raises(SyntaxError):
         trigger.find_spec("megatron", None, None)
 
@@ -247,7 +260,7 @@ def test_a_broken_install_fails_the_import_in_strict_mode(fired, monkeypatch):
 def test_fire_applies_with_the_hook_config(monkeypatch):
     seen = []
     monkeypatch.setattr(api, "apply", lambda only, strict: seen.append((only, strict)))
-    job_start.fire({"strict": False, "only": [BACKPORT_ID]})
+    backports.megatron._job_start(None, strict=False, only=[BACKPORT_ID])
     assert seen == [((BACKPORT_ID,), False)]
 
 
@@ -257,10 +270,10 @@ def test_fire_never_breaks_the_import_unless_strict(monkeypatch, caplog):
 
     monkeypatch.setattr(api, "apply", broken)
     with caplog.at_level(logging.ERROR, logger="backports.megatron"):
-        job_start.fire({"strict": False, "only": None})
+        backports.megatron._job_start(None, strict=False, only=None)
     assert "job-start apply() failed" in caplog.text
     with pytest.raises(BackportError):
-        job_start.fire({"strict": True, "only": None})
+        backports.megatron._job_start(None, strict=True, only=None)
 
 
 def test_fire_says_a_failure_once_per_job(monkeypatch, caplog):
@@ -269,8 +282,9 @@ def test_fire_says_a_failure_once_per_job(monkeypatch, caplog):
 
     monkeypatch.setattr(api, "apply", broken)
     with caplog.at_level(logging.DEBUG, logger="backports.megatron"):
-        job_start.fire({"strict": False, "only": None})
-        job_start.fire({"strict": False, "only": None})  # a child: the parent's environment
+        backports.megatron._job_start(None, strict=False, only=None)
+        # a child: the parent's environment
+        backports.megatron._job_start(None, strict=False, only=None)
     levels = [r.levelno for r in caplog.records if "job-start apply() failed" in r.getMessage()]
     assert levels == [logging.ERROR, logging.DEBUG]
 
@@ -278,20 +292,20 @@ def test_fire_says_a_failure_once_per_job(monkeypatch, caplog):
 def test_write_read_remove_are_idempotent(tmp_path):
     state, changed = job_start.write_hook(tmp_path)
     assert changed and state.exists and state.current
-    assert state.path == tmp_path / activation.HOOK_FILE
+    assert state.path == tmp_path / hook_file.HOOK_FILE
     assert state.config == {"strict": False, "only": None}
     assert job_start.write_hook(tmp_path) == (state, False)
     strict, changed = job_start.write_hook(tmp_path, (BACKPORT_ID,), strict=True)
     assert changed and strict.config == {"strict": True, "only": (BACKPORT_ID,)}
-    assert [p.name for p in tmp_path.iterdir()] == [activation.HOOK_FILE]  # no temp files
-    removed, did = activation.remove_hook(tmp_path)
-    assert did and removed.exists and not (tmp_path / activation.HOOK_FILE).exists()
-    again, did = activation.remove_hook(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [hook_file.HOOK_FILE]  # no temp files
+    removed, did = hook_file.remove_hook(tmp_path)
+    assert did and removed.exists and not (tmp_path / hook_file.HOOK_FILE).exists()
+    again, did = hook_file.remove_hook(tmp_path)
     assert not did and not again.exists
 
 
 def test_edited_or_foreign_hook_file_is_not_current(tmp_path):
-    path = tmp_path / activation.HOOK_FILE
+    path = tmp_path / hook_file.HOOK_FILE
     path.write_text("import something_else\n")
     assert job_start.read_hook(tmp_path).exists
     assert not job_start.read_hook(tmp_path).current
@@ -308,8 +322,8 @@ def test_only_must_name_known_backports(tmp_path):
 
 
 def test_a_temp_folder_is_not_a_site_dir(tmp_path):
-    assert not activation.is_site_dir(tmp_path)
-    assert activation.is_site_dir(activation.default_site_dir())
+    assert not hook_file.is_site_dir(tmp_path)
+    assert hook_file.is_site_dir(hook_file.default_site_dir())
 
 
 _PLUGIN_IMPORTING_MEGATRON = """
@@ -323,10 +337,11 @@ assert "plug_imports_megatron" in sys.modules, catalog.withheld()
 print("parallel_state:", megatron.core.parallel_state.__name__)
 one = sys.modules["megatron"] is megatron and megatron.core is sys.modules["megatron.core"]
 print("one megatron:", one)
-from backports.megatron import import_guards
-print("guard installed:", import_guards.installed("megatron-lm-6964") is not None)
+from backports.megatron.kinds import import_guard as import_guards
+from backports.megatron.kinds.install import installed
+print("guard installed:", installed("megatron-lm-6964") is not None)
 ours = [f for f in sys.meta_path if type(f).__module__.startswith("backports.megatron")]
-print("our finders:", [type(f).__module__ for f in ours])
+print("acting finders:", [type(f).__module__ for f in ours if not getattr(f, "fired", False)])
 """
 
 
@@ -356,10 +371,10 @@ def test_a_plugin_that_imports_megatron_at_module_level_leaves_one_megatron(tmp_
     assert done.returncode == 0, done.stderr[-3000:]
     assert "parallel_state: megatron.core.parallel_state" in done.stdout
     assert "one megatron: True" in done.stdout
-    # One finder of ours: the post-import finder, in the trigger's place; it also serves
-    # #6964's import guard (installed before megatron's modules run).
+    # One finder of ours acts: the import finder, first; it also serves #6964's import
+    # guard (installed before megatron's modules run). The fired trigger stays, inert.
     assert "guard installed: True" in done.stdout
-    assert "our finders: ['backports.megatron.activation.post_import']" in done.stdout
+    assert "acting finders: ['backports.megatron.interpreter.import_hooks']" in done.stdout
 
 
 def test_the_hook_line_is_silent_where_our_package_cannot_be_imported(tmp_path):

@@ -22,8 +22,11 @@ from backports.megatron import (
     revert,
     status,
 )
-from backports.megatron import probe as probe_module
 from backports.megatron.catalog import CATALOG
+from backports.megatron.decision import early as probe_module
+from backports.megatron.job import deferred
+from backports.megatron.kinds import install
+from backports.megatron.model import WITH_LOCAL_CHANGES
 from tests import standins
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
 from tests.reports import report_for
@@ -198,14 +201,14 @@ def test_a_parent_warning_with_another_reason_does_not_silence_this_one(tilelang
     said = os.environ["MEGATRON_BACKPORTS_SAID"]
     revert()
     monkeypatch.setenv("MEGATRON_BACKPORTS_SAID", said)  # a child of the process that warned
-    real = api.probe
+    real = api.decide
 
     def other_reason(spec, *args, **kwargs):
         result = real(spec, *args, **kwargs)
         result.reason += " (and a newer sniff says more)"
         return result
 
-    monkeypatch.setattr(api, "probe", other_reason)
+    monkeypatch.setattr(api, "decide", other_reason)
     with pytest.warns(BackportWarning, match="a newer sniff says more"):
         apply(BACKPORT_ID)
 
@@ -282,9 +285,9 @@ report = next(r for r in bm.apply() if r.id == "{BACKPORT_ID}")
 assert report.action == "deferred", report
 assert not any(m == "megatron" or m.startswith("megatron.") for m in sys.modules), "imported"
 assert "torch" not in sys.modules
-from backports.megatron import patcher
-scans, scan = [], patcher._bindings_of_each
-patcher._bindings_of_each = lambda objs: scans.append([o.__name__ for o in objs]) or scan(objs)
+from backports.megatron.kinds import install as patcher
+scans, scan = [], patcher.bindings_of_each
+patcher.bindings_of_each = lambda objs: scans.append([o.__name__ for o in objs]) or scan(objs)
 import {TILELANG_DSA} as m
 assert m.fused_sparse_mla_absorbed.__backport__ == "{BACKPORT_ID}"
 assert m._can_use_fused_sparse_indexer_target.__backport__ == "megatron-lm-7091"
@@ -312,15 +315,15 @@ def test_backports_waiting_for_one_module_install_together(tilelang_dsa, scans):
     patch tilelang_dsa), one callback probes both and installs them with one scan for
     aliases: a scan reads every global of every module (~5 ms each with torch loaded)."""
     from backports.megatron import api
-    from backports.megatron.activation import post_import
     from backports.megatron.catalog import MEGATRON_LM_7091, MEGATRON_LM_7617
+    from backports.megatron.interpreter import import_hooks as post_import
 
     originals = (
         tilelang_dsa.fused_sparse_mla_absorbed,
         tilelang_dsa._can_use_fused_sparse_indexer_target,
     )
     for spec in (MEGATRON_LM_7091, MEGATRON_LM_7617):  # watched out of catalog order
-        api._watch_target(spec, strict=False, upstream_only=False)
+        deferred.watch(deferred.Watch(spec, False, WITH_LOCAL_CHANGES, None))
     with caught_warnings() as said:
         post_import._notify(tilelang_dsa)  # what the import of the module runs
     assert tilelang_dsa.fused_sparse_mla_absorbed.__backport__ == MEGATRON_LM_7617.id
@@ -342,13 +345,13 @@ def test_a_strict_incompatible_backport_fails_the_import_and_installs_nothing(
 ):
     """importlib drops a module whose import fails: nothing may be patched into it."""
     from backports.megatron import api
-    from backports.megatron.activation import post_import
     from backports.megatron.catalog import MEGATRON_LM_7091, MEGATRON_LM_7617
+    from backports.megatron.interpreter import import_hooks as post_import
 
     monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)
     indexer = tilelang_dsa._can_use_fused_sparse_indexer_target
-    api._watch_target(MEGATRON_LM_7617, strict=True, upstream_only=False)
-    api._watch_target(MEGATRON_LM_7091, strict=False, upstream_only=False)
+    deferred.watch(deferred.Watch(MEGATRON_LM_7617, True, WITH_LOCAL_CHANGES, None))
+    deferred.watch(deferred.Watch(MEGATRON_LM_7091, False, WITH_LOCAL_CHANGES, None))
     refused = f"{MEGATRON_LM_7617.id} is incompatible"
     with (
         pytest.raises(BackportError, match=refused) as failed,
@@ -394,8 +397,8 @@ def test_warnings_name_the_caller_in_catalog_order(tilelang_dsa, monkeypatch):
 def test_a_warning_raised_as_an_error_leaves_every_outcome_recorded(tilelang_dsa, monkeypatch):
     """Under -W error the first BackportWarning raises out of apply(): every backport was
     decided, installed and recorded before it, and the installed ones are watched."""
-    from backports.megatron import api, patcher
-    from backports.megatron.activation import post_import
+    from backports.megatron import api
+    from backports.megatron.interpreter import import_hooks as post_import
 
     monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)
     with warnings.catch_warnings():
@@ -404,7 +407,7 @@ def test_a_warning_raised_as_an_error_leaves_every_outcome_recorded(tilelang_dsa
             apply()
     assert api.last_report("megatron-lm-7617").verdict is Verdict.INCOMPATIBLE
     assert api.last_report("megatron-lm-7091").action is Action.INSTALLED
-    assert patcher.installed("megatron-lm-7091") is not None
+    assert install.installed("megatron-lm-7091") is not None
     assert post_import.registered("backports.megatron:megatron-lm-7091")
 
 
@@ -419,14 +422,13 @@ def caught_warnings():
 
 
 def test_warnings_at_an_import_come_in_catalog_order(tilelang_dsa, monkeypatch):
-    from backports.megatron import api
-    from backports.megatron.activation import post_import
     from backports.megatron.catalog import MEGATRON_LM_7091, MEGATRON_LM_7617
+    from backports.megatron.interpreter import import_hooks as post_import
 
     monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)
     monkeypatch.setattr(probe_module, "read_upstream", _drifted("megatron_lm_7091"))
     for spec in (MEGATRON_LM_7091, MEGATRON_LM_7617):  # watched out of catalog order
-        api._watch_target(spec, strict=False, upstream_only=False)
+        deferred.watch(deferred.Watch(spec, False, WITH_LOCAL_CHANGES, None))
     with caught_warnings() as said:
         post_import._notify(tilelang_dsa)
     assert [str(w.message).split()[1] for w in said] == ["megatron-lm-7617", "megatron-lm-7091"]

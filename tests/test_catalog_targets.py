@@ -6,10 +6,12 @@ import inspect
 
 import pytest
 
-from backports.megatron import patcher, status
+from backports.megatron import status
 from backports.megatron.catalog import CATALOG, Target
-from backports.megatron.targets import live_decorator, resolve_target
+from backports.megatron.kinds import install as patcher
 from tests.conftest import TILELANG_DSA
+from tests.deciding import resolve_target
+from tests.installing import install
 
 ROUTER = "megatron.core.transformer.moe.router"
 METHOD = Target(
@@ -72,8 +74,7 @@ def test_a_decorated_method_is_a_marked_shim_and_revert_puts_back_the_same_objec
 
     exact = vars(router_class)["_apply_expert_bias"]
     resolved = resolve_target(METHOD, ID)
-    decorator = live_decorator(METHOD.decorator)
-    patcher.install(ID, [patcher.Replacement(resolved, _apply_expert_bias, decorator)])
+    install(ID, [(METHOD, resolved, _apply_expert_bias)])
     shim = vars(router_class)["_apply_expert_bias"]
     assert shim.__backport__ == ID and shim.__wrapped__ is exact
     # A plain function, not the compile wrapper: torch.compile's own __wrapped__ untouched.
@@ -92,12 +93,11 @@ def test_several_targets_install_and_revert_together(router_class, tilelang_dsa)
         vars(router_class)["_apply_expert_bias"],
         tilelang_dsa.__dict__[FUNCTION.attribute],
     )
-    decorator = live_decorator(METHOD.decorator)
-    installation, fresh = patcher.install(
+    installation, fresh = install(
         ID,
         [
-            patcher.Replacement(resolve_target(METHOD, ID), _apply_expert_bias, decorator),
-            patcher.Replacement(resolve_target(FUNCTION, ID), _declines_everything),
+            (METHOD, resolve_target(METHOD, ID), _apply_expert_bias),
+            (FUNCTION, resolve_target(FUNCTION, ID), _declines_everything),
         ],
     )
     assert fresh and len(installation.parts) == 2
@@ -114,14 +114,15 @@ def test_a_failing_target_leaves_every_other_target_as_it_was(router_class, tile
     function = getattr(tilelang_dsa, FUNCTION.attribute)
     # The second target's "original" is not what its module binds: it must be refused,
     # and the first target, already set, put back.
-    stale = dataclasses.replace(resolve_target(FUNCTION, ID), original=_declines_everything)
-    decorator = live_decorator(METHOD.decorator)
+    stale = dataclasses.replace(
+        resolve_target(FUNCTION, ID), original=_declines_everything, held=_declines_everything
+    )
     with pytest.raises(LookupError, match="not the original"):
-        patcher.install(
+        install(
             ID,
             [
-                patcher.Replacement(resolve_target(METHOD, ID), _apply_expert_bias, decorator),
-                patcher.Replacement(stale, _declines_everything),
+                (METHOD, resolve_target(METHOD, ID), _apply_expert_bias),
+                (FUNCTION, stale, _declines_everything),
             ],
         )
     assert vars(router_class)["_apply_expert_bias"] is method

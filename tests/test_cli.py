@@ -15,8 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from backports.megatron import activation, cli, import_notices, job_start, revert, status, switches
+from backports.megatron import cli, import_notices, revert, status
 from backports.megatron.catalog import CATALOG
+from backports.megatron.job import hook_file, start_up
+from backports.megatron.job import startup_hook as job_start
+from backports.megatron.session import SESSION
 from tests import standins
 from tests.conftest import BACKPORT_ID
 from tests.reports import report_for
@@ -48,7 +51,7 @@ def test_status_json_is_status_plus_the_hook_state(tilelang_dsa, capsys, tmp_pat
     report = report_for(reports, BACKPORT_ID)
     assert [_without_hook(r) for r in reports] == [r.to_dict() for r in status()]
     hook = report["evidence"]["hook"]
-    assert hook["path"] == str(tmp_path / activation.HOOK_FILE)
+    assert hook["path"] == str(tmp_path / hook_file.HOOK_FILE)
     assert (hook["exists"], hook["applies"]) == (False, False)
 
 
@@ -74,7 +77,7 @@ def test_after_apply_status_says_the_hook_installs_it(tilelang_dsa, capsys, star
     row = rows[[spec.id for spec in CATALOG].index(BACKPORT_ID)]
     assert code == 0 and row.split()[3:5] == ["needed", "active-via-hook"]
     assert "the start-up hook installs it in each new process" in row
-    path = start_up_reads / activation.HOOK_FILE
+    path = start_up_reads / hook_file.HOOK_FILE
     assert hook == f"hook: {path} activates the backports in every new interpreter"
     _, out, _ = _main(capsys, "status", "--json", "--site-dir", str(start_up_reads))
     report = report_for(json.loads(out), BACKPORT_ID)
@@ -82,7 +85,7 @@ def test_after_apply_status_says_the_hook_installs_it(tilelang_dsa, capsys, star
         report["action"] == "active-via-hook" and report["evidence"]["target"]["installed"] is False
     )
     assert report["evidence"]["hook"] == {
-        "path": str(start_up_reads / activation.HOOK_FILE),
+        "path": str(start_up_reads / hook_file.HOOK_FILE),
         "exists": True,
         "current": True,
         "runs_at_startup": True,
@@ -118,12 +121,12 @@ def test_apply_installs_writes_the_hook_and_is_idempotent(tilelang_dsa, capsys, 
     code, out, _ = _main(capsys, "apply", "--site-dir", str(tmp_path))
     assert code == 0
     assert tilelang_dsa.fused_sparse_mla_absorbed.__backport__ == BACKPORT_ID
-    assert f"hook: wrote {tmp_path / activation.HOOK_FILE}" in out
+    assert f"hook: wrote {tmp_path / hook_file.HOOK_FILE}" in out
     assert "installed" in out.splitlines()[1]
     assert "is not a site-packages folder" in out  # a temp folder: say .pth files won't run
     code, out, _ = _main(capsys, "apply", "--site-dir", str(tmp_path))
     assert code == 0 and "already-installed" in out
-    assert f"hook: unchanged: {tmp_path / activation.HOOK_FILE}" in out
+    assert f"hook: unchanged: {tmp_path / hook_file.HOOK_FILE}" in out
     code, out, _ = _main(capsys, "status", "--site-dir", str(tmp_path))
     assert "activates the backports in every new interpreter" in out
 
@@ -181,7 +184,7 @@ def test_revert_removes_the_hook_and_reverts_idempotently(tilelang_dsa, capsys, 
     _main(capsys, "apply", "--site-dir", str(tmp_path))
     code, out, _ = _main(capsys, "revert", "--site-dir", str(tmp_path))
     assert code == 0 and tilelang_dsa.fused_sparse_mla_absorbed is original
-    assert f"hook: removed {tmp_path / activation.HOOK_FILE}" in out and "reverted" in out
+    assert f"hook: removed {tmp_path / hook_file.HOOK_FILE}" in out and "reverted" in out
     code, out, _ = _main(capsys, "revert", "--site-dir", str(tmp_path))
     assert code == 0 and "hook: none at" in out and "not-installed" in out
 
@@ -192,7 +195,7 @@ def test_revert_in_a_new_process_says_it_removed_the_hook(tilelang_dsa, capsys, 
     code, out, _ = _main(capsys, "revert", "--site-dir", str(tmp_path))
     _header, *rows, note = out.splitlines()
     row = rows[[spec.id for spec in CATALOG].index(BACKPORT_ID)]
-    hook = tmp_path / activation.HOOK_FILE
+    hook = tmp_path / hook_file.HOOK_FILE
     assert row.split()[:2] == [BACKPORT_ID, "reverted"]
     assert f"removed the start-up hook {hook}: new processes do not apply it" in row
     assert code == 0 and note == f"hook: removed {hook}" and not hook.exists()
@@ -207,7 +210,7 @@ def test_revert_json_reports_what_it_did_with_the_probed_verdict(tilelang_dsa, c
     assert report["verdict"] == "needed" and "lacks the fix" not in report["reason"]
     assert report["evidence"]["behaviour"]["fixed"] is False  # probed, not made up
     assert report["evidence"]["hook"] == {
-        "path": str(tmp_path / activation.HOOK_FILE),
+        "path": str(tmp_path / hook_file.HOOK_FILE),
         "removed": True,
     }
     assert "hook: removed" in err
@@ -249,7 +252,7 @@ def test_apply_with_every_backport_off_names_an_earlier_hook(
     job_start.write_hook(tmp_path)
     monkeypatch.setenv("MEGATRON_BACKPORTS", "0")
     _, out, _ = _main(capsys, "apply", "--site-dir", str(tmp_path))
-    hook = tmp_path / activation.HOOK_FILE
+    hook = tmp_path / hook_file.HOOK_FILE
     assert f"{hook} from an earlier apply stays (`backports revert` removes it)" in out
     assert hook.exists()
 
@@ -280,7 +283,7 @@ def test_apply_says_the_hook_does_not_record_upstream_only(
 def test_a_bad_switch_value_is_one_warning_line_among_the_notes(
     tilelang_dsa, monkeypatch, capsys, tmp_path
 ):
-    monkeypatch.setattr(switches, "_warned", set())
+    SESSION.warned.clear()
     monkeypatch.setenv("MEGATRON_BACKPORTS", "maybe")
     code, out, err = _main(capsys, "status", "--site-dir", str(tmp_path))
     lines = [line for line in err.splitlines() if "MEGATRON_BACKPORTS='maybe'" in line]
@@ -373,9 +376,9 @@ def test_known_import_notices_are_hidden_and_others_are_not(caplog):
 
 def test_cli_ignores_this_interpreters_trigger(tilelang_dsa, capsys, tmp_path):
     exec(next(line for line in job_start.hook_text().splitlines() if line.startswith("import")))
-    assert activation.triggers()
+    assert start_up.triggers()
     _main(capsys, "status", "--site-dir", str(tmp_path))
-    assert activation.triggers() == []
+    assert start_up.triggers() == []
 
 
 @pytest.mark.slow
@@ -399,7 +402,7 @@ def test_apply_probes_each_backport_once_and_reads_the_hook_file_once(
     from backports.megatron import api
 
     probed: list[str] = []
-    real_probe = api.probe
+    real_probe = api.decide
 
     def counting_probe(spec, *args, **kwargs):
         probed.append(spec.id)
@@ -409,19 +412,17 @@ def test_apply_probes_each_backport_once_and_reads_the_hook_file_once(
     real_read = Path.read_text
 
     def counting_read(self, *args, **kwargs):
-        if self.name == activation.HOOK_FILE:
+        if self.name == hook_file.HOOK_FILE:
             reads.append(str(self))
         return real_read(self, *args, **kwargs)
 
-    monkeypatch.setattr(api, "probe", counting_probe)
+    monkeypatch.setattr(api, "decide", counting_probe)
     monkeypatch.setattr(Path, "read_text", counting_read)
     code, out, _ = _main(capsys, "apply", "--json", "--site-dir", str(tmp_path))
     assert code == 0
-    # An import guard is installed without a probe (its sniff costs a child interpreter:
-    # status, check and audit run it); every other entry is probed once.
-    from backports.megatron.catalog import by_id
-
-    ids = [row["id"] for row in json.loads(out) if by_id(row["id"]).guard is None]
+    # Every entry is decided once (an import guard without its sniff's children: status,
+    # check and audit run them, and keep the verdict for the next process).
+    ids = [row["id"] for row in json.loads(out)]
     assert sorted(probed) == sorted(ids) and len(set(probed)) == len(probed)
     assert len(reads) <= 1, reads  # a new file: none; an existing one: once, to compare
 

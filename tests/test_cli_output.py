@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from backports.megatron import cli, json_output, status, switches, table
-from backports.megatron.activation import hook_file
+from backports.megatron import cli, json_output, status, table
 from backports.megatron.catalog import CATALOG
+from backports.megatron.job import hook_file
+from backports.megatron.session import SESSION
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
 from tests.reports import report_for
 
@@ -130,12 +131,12 @@ def test_render_cuts_only_the_last_column_and_keeps_short_lines_whole():
 def test_check_names_a_bad_switch_value_on_stderr_as_status_does(
     tilelang_dsa, monkeypatch, capsys, tmp_path
 ):
-    monkeypatch.setattr(switches, "_warned", set())
+    SESSION.warned.clear()
     monkeypatch.setenv("MEGATRON_BACKPORTS", "disable")
     expected = "warning: megatron-backports: MEGATRON_BACKPORTS='disable' is neither on"
     for argv in (["status", "--site-dir", str(tmp_path)], ["check"], ["check", "--json"]):
         # Each command a new process: nothing said yet, in it or in a parent.
-        monkeypatch.setattr(switches, "_warned", set())
+        SESSION.warned.clear()
         monkeypatch.delenv("MEGATRON_BACKPORTS_SAID", raising=False)
         cli.main(argv)
         out, err = capsys.readouterr()
@@ -145,7 +146,7 @@ def test_check_names_a_bad_switch_value_on_stderr_as_status_does(
 def test_unknown_ids_in_the_skip_list_are_named_in_one_warning(
     tilelang_dsa, monkeypatch, capsys, tmp_path
 ):
-    monkeypatch.setattr(switches, "_warned", set())
+    SESSION.warned.clear()
     monkeypatch.delenv("MEGATRON_BACKPORTS_SAID", raising=False)
     monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP", f"megatron-lm-76l7,{BACKPORT_ID},nope")
     cli.main(["status", "--site-dir", str(tmp_path)])

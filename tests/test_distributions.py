@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from backports.megatron import versions
 from backports.megatron.catalog import CATALOG, MEGATRON_LM_7091
-from backports.megatron.one_look import one_look
-from backports.megatron.probe import probe, probe_without_import
+from backports.megatron.evidence import versions
+from backports.megatron.evidence.one_look import one_look
+from backports.megatron.evidence.versions import installed_version
 from backports.megatron.report import Verdict
-from backports.megatron.versions import installed_version
+from tests.deciding import early as probe_without_import
+from tests.deciding import probe
 
 
 def _with_distribution(spec, name):

@@ -5,8 +5,8 @@ from pathlib import Path
 import git
 import pytest
 
-from backports.megatron.git_ancestry import commit_ancestry
-from backports.megatron.versions import _version_from_package_info
+from backports.megatron.evidence.git_ancestry import commit_ancestry
+from backports.megatron.evidence.versions import _version_from_package_info
 
 CORE = {"distribution": "megatron-core", "package": "megatron.core"}
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import backports.megatron
-from backports.megatron import activation, job_start
+from backports.megatron.job import hook_file
+from backports.megatron.job import startup_hook as job_start
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import training_env
@@ -66,7 +67,7 @@ def test_the_line_stays_silent_where_the_package_cannot_be_imported(monkeypatch,
     (tmp_path / "backports").mkdir()
     (tmp_path / "backports" / "tarfile.py").write_text("")
     monkeypatch.setattr(importlib.metadata, "distribution", lambda name: _Distribution(tmp_path))
-    (tmp_path / activation.HOOK_FILE).write_text(_hook_line() + "\n")
+    (tmp_path / hook_file.HOOK_FILE).write_text(_hook_line() + "\n")
     # -I -S: no site-packages, so no finder that could import backports.megatron.
     run = [sys.executable, "-I", "-S", "-c", f"import site; site.addsitedir({str(tmp_path)!r})"]
     done = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path, timeout=60)
@@ -83,6 +84,6 @@ def test_leftover_hook_after_uninstalling_an_editable_install_is_silent(tmp_path
     assert done.returncode == 0, done.stdout + done.stderr
     done = venv.run(["python", "-m", "pip", "uninstall", "-y", "-q", "megatron-backports"])
     assert done.returncode == 0, done.stdout + done.stderr
-    assert (venv.site_packages / activation.HOOK_FILE).exists()
+    assert (venv.site_packages / hook_file.HOOK_FILE).exists()
     done = venv.run(["python", "-c", "pass"])
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")

@@ -144,7 +144,7 @@ def entry() -> ModuleType:
 
 def _pair(recompute: ModuleType, dsa: ModuleType, forward: Any, carrier: Any) -> list[Any]:
     """The two resolved targets, as the probe hands them to the sniff, with these objects."""
-    from backports.megatron.targets import resolve_target
+    from tests.deciding import resolve_target
 
     spec = importlib.import_module("backports.megatron.catalog.megatron_lm_6793").SPEC
     first, second = (resolve_target(t, BACKPORT_ID) for t in spec.targets)
@@ -512,21 +512,25 @@ def test_applied_real_dsattention_through_the_transformer_block_holder(
 def test_apply_is_all_or_nothing_when_the_method_cannot_be_installed(holders, dsa, monkeypatch):
     """The function is rebound in every holder first; then installing the method fails.
     Nothing of the backport may be left: every holder and the class keep the originals."""
-    from backports.megatron import apply, patcher
+    from backports.megatron import apply
+    from backports.megatron.kinds import function
+    from backports.megatron.kinds import install as patcher
     from tests.reports import report_for
 
     original = vars(holders[0])["checkpointed_forward"]
     method = dsa.DSAttention.__dict__["_get_index_share_carrier"]
-    install_part = patcher._install_part
+    install_part = function.FunctionKind.install
     rebound_first: list[bool] = []
 
-    def fail_on_the_method(target: Any, replacement: Any, *args: Any) -> Any:
-        if target.is_method:
+    def fail_on_the_method(
+        kind: Any, backport_id: str, target: Any, resolved: Any, *args: Any
+    ) -> Any:
+        if resolved.is_method:
             rebound_first.append(vars(holders[1])["checkpointed_forward"] is not original)
             raise RuntimeError("class attribute refused")
-        return install_part(target, replacement, *args)
+        return install_part(kind, backport_id, target, resolved, *args)
 
-    monkeypatch.setattr(patcher, "_install_part", fail_on_the_method)
+    monkeypatch.setattr(function.FunctionKind, "install", fail_on_the_method)
     report = report_for(apply(only=BACKPORT_ID), BACKPORT_ID)
     assert rebound_first == [True]  # the failure came after the holders were rebound
     assert (report.verdict, report.action) == ("incompatible", "skipped")

@@ -18,8 +18,11 @@ from typing import Any
 import pytest
 from backports.megatron._vendor.megatron_lm_6964.attention import fa4_import_guard
 
-from backports.megatron import Action, Verdict, apply, import_guards, revert, status
+from backports.megatron import Action, Verdict, apply, revert, status
 from backports.megatron.catalog.megatron_lm_6964 import SPEC, stale_flash_attn
+from backports.megatron.kinds import import_guard as import_guards
+from backports.megatron.kinds import install
+from tests import installing
 from tests.reports import report_for
 
 ID = "megatron-lm-6964"
@@ -183,23 +186,23 @@ def test_apply_installs_the_guard_and_revert_removes_it():
     report = report_for(apply(only=ID), ID)
     assert (report.verdict, report.action) == (Verdict.NEEDED, Action.INSTALLED)
     assert ATTENTION in report.reason and "fa4_import_guard" in report.reason
-    installation = import_guards.installed(ID)
-    assert installation is not None and installation.module_name == ATTENTION
+    installation = install.installed(ID)
+    assert installation is not None and installation.parts[0].resolved.module_name == ATTENTION
     assert report_for(apply(only=ID), ID).action is Action.ALREADY_INSTALLED
     reverted = report_for(revert(only=ID), ID)
     assert reverted.action is Action.REVERTED and ATTENTION in reverted.reason
-    assert import_guards.installed(ID) is None
+    assert install.installed(ID) is None
     assert report_for(revert(only=ID), ID).action is Action.NOT_INSTALLED
 
 
 def test_skip_switch_leaves_it_off(monkeypatch):
     monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP", ID)
     report = report_for(apply(only=ID), ID)
-    assert report.verdict is Verdict.DISABLED and import_guards.installed(ID) is None
+    assert report.verdict is Verdict.DISABLED and install.installed(ID) is None
 
 
 def test_ranks_see_the_installed_guard():
-    from backports.megatron.ranks import installed_backports
+    from backports.megatron.job.ranks import installed_backports
 
     assert ID not in installed_backports()
     apply(only=ID)
@@ -226,7 +229,7 @@ def tiny_module(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     yield state
     sys.modules.pop("guarded_by_test", None)
-    import_guards.uninstall("test-guard")
+    install.uninstall("test-guard")
 
 
 def test_the_guard_runs_around_the_module_execution_and_only_while_installed(tiny_module):
@@ -241,11 +244,14 @@ def test_the_guard_runs_around_the_module_execution_and_only_while_installed(tin
         finally:
             tiny_module.inside = False
 
-    assert import_guards.install("test-guard", "guarded_by_test", guard, "local-changes")
+    target = import_guards.ImportGuard("megatron-core", ("guarded_by_test",), "RAN_INSIDE")
+    resolved = import_guards.KIND.resolve(target, "test-guard")
+    installation, fresh = installing.install("test-guard", [(target, resolved, guard)])
+    assert fresh and installation.mode == "local-changes"
     assert importlib.import_module("guarded_by_test").RAN_INSIDE is True
     assert tiny_module.inside is False  # exited after the execution
-    assert import_guards.installed("test-guard").executions == ["ok"]
-    import_guards.uninstall("test-guard")
+    assert install.installed("test-guard").parts[0].record.executions == ["ok"]
+    install.uninstall("test-guard")
     sys.modules.pop("guarded_by_test")
     assert importlib.import_module("guarded_by_test").RAN_INSIDE is False
 

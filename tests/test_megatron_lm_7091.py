@@ -15,8 +15,8 @@ import torch
 
 from backports.megatron import Action, Verdict, apply, catalog, revert, status
 from backports.megatron.catalog import MEGATRON_LM_7091
+from backports.megatron.model import ResolvedTarget
 from backports.megatron.private_globals import with_globals
-from backports.megatron.targets import ResolvedTarget
 from backports.megatron.vendored import load_replacement
 from tests.conftest import BACKPORT_ID as ID_7617
 from tests.conftest import TILELANG_DSA

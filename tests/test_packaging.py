@@ -80,11 +80,11 @@ def test_plain_install_finds_the_vendored_code(wheel, tmp_path):
     script = (
         "import backports.megatron as bm, importlib.util\n"
         "from backports.megatron.catalog import MEGATRON_LM_7617 as spec\n"
-        "from backports.megatron.probe import probe_without_import\n"
+        "from backports.megatron.decision.early import early_evidence\n"
         "import backports.megatron.api, backports.megatron.catalog.spec\n"
         f"assert bm.__file__.startswith({str(target)!r}), bm.__file__\n"
         "assert importlib.util.find_spec('vendor') is None\n"
-        "result = probe_without_import(spec)\n"
+        "result = early_evidence(spec)\n"
         "assert result.evidence['vendored']['ok'], result.evidence\n"
         "print(result.evidence['vendored']['sha256'])\n"
     )

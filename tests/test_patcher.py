@@ -1,4 +1,4 @@
-"""The patcher's scan for aliases and ``install_all``: every binding of every object in one
+"""The installer's scan for aliases and ``install_all``: every binding of every object in one
 pass over ``sys.modules``, each backport installed all or none, on real megatron-core 0.19.2
 functions."""
 
@@ -9,9 +9,11 @@ import types
 
 import pytest
 
-from backports.megatron import patcher
 from backports.megatron.catalog import MEGATRON_LM_7091, MEGATRON_LM_7617
-from backports.megatron.targets import resolve_target
+from backports.megatron.kinds import _bindings
+from backports.megatron.kinds import install as patcher
+from tests.deciding import resolve_target
+from tests.installing import install, request
 
 
 class _Touchy:
@@ -74,7 +76,7 @@ PLANTED[id(_MORE[-1])].add(("alias_holder_two", "more"))
     ids=["one", "two", "three", "non-function", "repeated", "six: two passes"],
 )
 def test_one_scan_finds_every_binding_of_each_object(holders, objs):
-    found = patcher._bindings_of_each(objs)
+    found = _bindings.bindings_of_each(objs)
     assert set(found) == {id(obj) for obj in objs}
     for obj in objs:
         sites = set(found[id(obj)])
@@ -84,8 +86,8 @@ def test_one_scan_finds_every_binding_of_each_object(holders, objs):
 
 
 def test_nothing_to_scan_for_reads_no_module(monkeypatch):
-    monkeypatch.setattr(patcher, "_live", lambda module: pytest.fail("a module was read"))
-    assert patcher._bindings_of_each([]) == {}
+    monkeypatch.setattr(_bindings, "live_namespace", lambda m: pytest.fail("a module was read"))
+    assert _bindings.bindings_of_each([]) == {}
 
 
 def _replacement_of(target):
@@ -107,14 +109,15 @@ def test_install_all_scans_once_and_installs_each_backport_or_none(
     mla = resolve_target(MEGATRON_LM_7617.target, "test-a")
     indexer = resolve_target(MEGATRON_LM_7091.target, "test-b")
     # A third backport whose "original" is not what the module binds: refused alone.
-    stale = dataclasses.replace(indexer, original=_first)
+    stale = dataclasses.replace(indexer, original=_first, held=_first)
     before = (holder.mla, holder.indexer)
     try:
+        a, b = MEGATRON_LM_7617.target, MEGATRON_LM_7091.target
         outcomes = patcher.install_all(
             [
-                ("test-a", [patcher.Replacement(mla, _replacement_of(mla))], None),
-                ("test-c", [patcher.Replacement(stale, _replacement_of(stale))], None),
-                ("test-b", [patcher.Replacement(indexer, _replacement_of(indexer))], {"m": 1}),
+                request("test-a", [(a, mla, _replacement_of(mla))]),
+                request("test-c", [(b, stale, _replacement_of(stale))]),
+                request("test-b", [(b, indexer, _replacement_of(indexer))], {"m": 1}),
             ]
         )
         assert [type(o).__name__ for o in outcomes] == ["tuple", "LookupError", "tuple"]
@@ -123,7 +126,7 @@ def test_install_all_scans_once_and_installs_each_backport_or_none(
         assert holder.indexer.__backport__ == "test-b" and holder.indexer.m == 1
         assert tilelang_dsa.fused_sparse_mla_absorbed is holder.mla
         assert patcher.installed("test-c") is None
-        again = patcher.install_all([("test-a", [patcher.Replacement(mla, _first)], None)])
+        again = patcher.install_all([request("test-a", [(a, mla, _first)])])
         assert again == [(patcher.installed("test-a"), False)]  # already installed
     finally:
         for backport_id in ("test-a", "test-b", "test-c"):
@@ -136,17 +139,18 @@ def test_a_failed_scan_fails_each_request_and_rebinds_nothing(tilelang_dsa, monk
     def broken(objs):
         raise RuntimeError("scan failed")
 
-    monkeypatch.setattr(patcher, "_bindings_of_each", broken)
+    monkeypatch.setattr(patcher, "bindings_of_each", broken)
     mla = resolve_target(MEGATRON_LM_7617.target, "test-a")
     indexer = resolve_target(MEGATRON_LM_7091.target, "test-b")
     before = (
         tilelang_dsa.fused_sparse_mla_absorbed,
         tilelang_dsa._can_use_fused_sparse_indexer_target,
     )
+    a, b = MEGATRON_LM_7617.target, MEGATRON_LM_7091.target
     outcomes = patcher.install_all(
         [
-            ("test-a", [patcher.Replacement(mla, _replacement_of(mla))], None),
-            ("test-b", [patcher.Replacement(indexer, _replacement_of(indexer))], None),
+            request("test-a", [(a, mla, _replacement_of(mla))]),
+            request("test-b", [(b, indexer, _replacement_of(indexer))]),
         ]
     )
     assert [str(outcome) for outcome in outcomes] == ["scan failed", "scan failed"]
@@ -187,8 +191,7 @@ def test_a_target_defined_in_main_is_patched_there(monkeypatch):
         MEGATRON_LM_7617.target, modules=("__main__",), attribute="double", parameters=("x",)
     )
     resolved = resolve_target(target, "acme-main")
-    replacement = patcher.Replacement(resolved, lambda x: 3 * x, None)
-    patcher.install("acme-main", [replacement])
+    install("acme-main", [(target, resolved, lambda x: 3 * x)])
     try:
         assert main.double(2) == 6
     finally:

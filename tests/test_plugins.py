@@ -24,12 +24,12 @@ from backports.megatron import (
     apply,
     catalog,
     cli,
-    job_start,
     revert,
     status,
 )
 from backports.megatron.catalog import MEGATRON_LM_7617, megatron_lm_6964
-from backports.megatron.plugins import GROUP, Withheld
+from backports.megatron.catalog._plugins import GROUP, Withheld
+from backports.megatron.job import startup_hook as job_start
 from tests.conftest import BACKPORT_ID
 
 _counter = itertools.count()

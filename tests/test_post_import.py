@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from backports.megatron.activation import post_import
+from backports.megatron.interpreter import import_hooks as post_import
 
 
 @pytest.fixture
@@ -213,14 +213,12 @@ class _Claiming(importlib.abc.MetaPathFinder):
 
 
 def test_a_hook_registered_after_another_finder_came_first_still_runs(module_dir):
-    """Start-up puts the one finder where the trigger stood; a finder inserted in front of it
-    later must not take a guard's module past it: registering brings the finder first."""
+    """A finder inserted in front of the one finder since start-up must not take a guard's
+    module past it: registering a hook brings the finder first."""
     _write_package(module_dir)
-    trigger = object()
-    sys.meta_path.insert(0, trigger)
     claiming = _Claiming()
     try:
-        post_import.take_place_of(trigger)
+        post_import.register("some_other.module", "earlier", print)  # the finder is in
         assert sys.meta_path[0] is post_import._FINDER
         sys.meta_path.insert(0, claiming)
         events = []
@@ -230,6 +228,25 @@ def test_a_hook_registered_after_another_finder_came_first_still_runs(module_dir
         importlib.import_module("hooked_pkg.target")
         assert events == ["a enter hooked_pkg.target", "a exit, VALUE=41"]
     finally:
-        for finder in (trigger, claiming):
-            if finder in sys.meta_path:
-                sys.meta_path.remove(finder)
+        post_import.unregister("earlier")
+        if claiming in sys.meta_path:
+            sys.meta_path.remove(claiming)
+
+
+def test_a_finder_inserted_after_the_hooks_were_registered_does_not_bypass_them(module_dir):
+    """typeguard's and jaxtyping's import hooks insert their finder at ``sys.meta_path[0]``
+    after megatron's import, when every backport's hook is registered already: at the next
+    import statement the one finder comes first again, so the watched module's hooks run."""
+    _write_package(module_dir)
+    claiming = _Claiming()
+    events = []
+    try:
+        post_import.register_around("hooked_pkg.target", "test", _recording_around(events, "a"))
+        sys.meta_path.insert(0, claiming)  # after the registration: nothing moved us back
+        import hooked_pkg.target  # noqa: F401  (an import statement: the audit event)
+
+        assert events == ["a enter hooked_pkg.target", "a exit, VALUE=41"]
+        assert sys.meta_path[0] is post_import._FINDER
+    finally:
+        if claiming in sys.meta_path:
+            sys.meta_path.remove(claiming)

@@ -11,13 +11,13 @@ import pytest
 from packaging.version import Version
 
 from backports.megatron import Action, Verdict, status
-from backports.megatron import probe as probe_module
-from backports.megatron import targets as targets_module
-from backports.megatron import versions as versions_module
 from backports.megatron.catalog import MEGATRON_LM_7617
-from backports.megatron.probe import probe
+from backports.megatron.decision import early as probe_module
+from backports.megatron.evidence import versions as versions_module
+from backports.megatron.kinds import function as targets_module
 from tests import standins
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
+from tests.deciding import probe
 from tests.reports import report_for
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch.distributed as dist
 
 from backports.megatron import BackportError, apply, revert, verify_ranks
-from backports.megatron.ranks import _describe, _rank_list, installed_backports, is_rank_zero
+from backports.megatron.job.ranks import _describe, _rank_list, installed_backports, is_rank_zero
 from tests.conftest import BACKPORT_ID
 
 
@@ -43,7 +43,7 @@ _TWO_RANKS = textwrap.dedent(
     """
     import json, sys
     import torch.distributed as dist
-    from backports.megatron import ranks
+    from backports.megatron.job import ranks
 
     rank, store = int(sys.argv[1]), sys.argv[2]
     dist.init_process_group("gloo", store=dist.FileStore(store, 2), rank=rank, world_size=2)

@@ -71,7 +71,7 @@ _DRIVER = """\
     import ray
 
     from backports.megatron import BackportError
-    from backports.megatron.ranks import installed_backports
+    from backports.megatron.job.ranks import installed_backports
     from backports.megatron.ray_workers import verify_actors
 
     TARGET = "{target}"

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from backports.megatron import Action, Verdict, applied, apply, catalog, manifest, status
-from backports.megatron.ranks import installed_backports
+from backports.megatron.job.ranks import installed_backports
 from backports.megatron.testing.fake_kernel import FakeSparseMLA
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
 from tests.reports import report_for
@@ -95,9 +95,10 @@ def test_status_while_a_training_thread_calls_the_attention(
 _RELOAD_SCRIPT = textwrap.dedent(
     """
     import importlib, json, sys
-    from backports.megatron import activation, apply, manifest, status
-    activation.deactivate()  # this environment's own hook, if it has one: apply() decides here
-    from backports.megatron.ranks import installed_backports
+    from backports.megatron import apply, manifest, status
+    from backports.megatron.job import start_up
+    start_up.deactivate()  # this environment's own hook, if it has one: apply() decides here
+    from backports.megatron.job.ranks import installed_backports
     from backports.megatron.testing.fake_kernel import FakeSparseMLA
     from tests.reports import report_for
     BACKPORT_ID = "megatron-lm-7617"

@@ -22,14 +22,15 @@ from backports.megatron import (
     Action,
     BackportWarning,
     Verdict,
-    api,
     apply,
     catalog,
     cli,
-    patcher,
     revert,
 )
 from backports.megatron.catalog import BackportSpec
+from backports.megatron.job import deferred
+from backports.megatron.kinds.install import installed
+from backports.megatron.model import WITH_LOCAL_CHANGES
 from backports.megatron.scaffold import read_target
 from backports.megatron.upstream_schema import manifest_problems
 from tests.test_plugin_install import OBSERVE
@@ -329,7 +330,7 @@ def test_an_unfinished_scaffold_fails_check_and_is_never_installed(
     else:
         assert "the entry is unfinished: its sniff raised NotImplementedError" in why
     # What the start-up hook runs at the target's import: it installs nothing either.
-    api._watch_target(spec, strict=False, upstream_only=False)
-    api._on_target_import(utils)
-    assert patcher.installed(UNFINISHED) is None
+    deferred.watch(deferred.Watch(spec, False, WITH_LOCAL_CHANGES, None))
+    deferred.on_target_import(utils)
+    assert installed(UNFINISHED) is None
     assert utils.divide is original

@@ -7,9 +7,11 @@ import warnings
 import pytest
 
 import backports.megatron
-from backports.megatron import BackportWarning, activation, api, apply, status, switches
+from backports.megatron import BackportWarning, api, apply, status, switches
 from backports.megatron.catalog import CATALOG
+from backports.megatron.job import start_up
 from backports.megatron.report import Action, Verdict
+from backports.megatron.session import SESSION
 from tests.conftest import BACKPORT_ID
 from tests.reports import report_for
 
@@ -21,7 +23,7 @@ NOT_A_SWITCH = ["2", "disable", "none", "n", "y", "0,1", "f", "nope"]
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test may warn again; no switch leaks in from the environment."""
-    monkeypatch.setattr(switches, "_warned", set())
+    SESSION.warned.clear()
     for name in switches.NAMES:
         monkeypatch.delenv(name, raising=False)
 
@@ -141,5 +143,5 @@ def test_the_start_up_trigger_agrees(monkeypatch, value: str) -> None:
         trigger = backports.megatron._start_up(("package_that_is_never_imported",), {})
         assert (trigger is not None) == expected
     finally:
-        activation.deactivate()
+        start_up.deactivate()
     assert sys.meta_path == before

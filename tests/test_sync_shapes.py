@@ -548,7 +548,7 @@ def test_6793_the_fix_commit_syncs_and_its_folder_is_needed_not_incompatible(
 
     from backports.megatron.catalog import by_id
     from backports.megatron.model import VendoredRef
-    from backports.megatron.probe import probe
+    from tests.deciding import probe
 
     path, _, fixed = upstream_6793
     manifest = _carry_6793(vendor)

@@ -33,10 +33,10 @@ import tests.test_local_changes as local_changes
 from backports.megatron import Action, Verdict, apply, catalog, cli
 from backports.megatron.catalog import MEGATRON_LM_7617, BackportSpec
 from backports.megatron.local_changes import wrap_all
-from backports.megatron.probe import probe
 from backports.megatron.testing.fake_kernel import FakeSparseMLA
 from backports.megatron.vendored import load_replacement
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
+from tests.deciding import probe
 from tests.reports import report_for
 from tests.test_local_changes import deterministic  # noqa: F401 (a fixture they use)
 from tests.test_sync_upstream import BACKPORT, FIXED_LIVE, ROOT, build_upstream, sync_upstream
@@ -230,4 +230,4 @@ def test_the_probe_refuses_a_hand_edited_synced_file(
         for name in [n for n in sys.modules if n.startswith("synced_vendor_edited")]:
             del sys.modules[name]
     assert result.verdict is Verdict.INCOMPATIBLE
-    assert "edited without tools/sync_upstream.py" in result.reason
+    assert "edited without backports sync" in result.reason

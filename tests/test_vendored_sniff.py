@@ -22,18 +22,20 @@ from types import ModuleType
 
 import pytest
 
-from backports.megatron import Action, Verdict, apply, catalog, cli, patcher, status
+from backports.megatron import Action, Verdict, apply, catalog, cli, status
 from backports.megatron.catalog import CATALOG, MEGATRON_LM_7617, BackportSpec
+from backports.megatron.decision import sniff_vendored as sniff_replacement
+from backports.megatron.kinds import install as patcher
+from backports.megatron.kinds import kind_of
 from backports.megatron.local_changes import LocalChange
-from backports.megatron.targets import resolve_target
 from backports.megatron.vendored import python_files_digest, vendored_module
-from backports.megatron.vendored_sniff import sniff_replacement
+from tests.deciding import resolve_target
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "unproven_vendor"
 IDS = [spec.id for spec in CATALOG]
 # Entries that replace functions (an import guard replaces none: no stock function to vendor).
-FUNCTION_IDS = [spec.id for spec in CATALOG if spec.guard is None]
+FUNCTION_IDS = [spec.id for spec in CATALOG if not kind_of(spec.target).before_import]
 BY_ID = {spec.id: spec for spec in CATALOG}
 
 # Writes one vendored module's text into a copy of vendor/ and returns the entry reading it.

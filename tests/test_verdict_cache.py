@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from backports.megatron import Action, Verdict, api, apply, revert, verdict_cache
+from backports.megatron import Action, Verdict, apply, decision, revert
 from backports.megatron.catalog import by_id
+from backports.megatron.decision import verdict_cache
+from backports.megatron.evidence import fingerprints
 from tests import standins
 from tests.conftest import BACKPORT_ID
 
@@ -27,20 +29,23 @@ def cache(monkeypatch, tmp_path) -> Path:
 
 @pytest.fixture
 def probes(monkeypatch) -> list[str]:
-    """The full probes apply() runs (the cache saves them)."""
+    """The sniffs decide() runs (the cache saves them), by backport id."""
     calls: list[str] = []
-    real = api.probe
+    real = decision._sniffed
 
     def counting(spec, *args, **kwargs):
         calls.append(spec.id)
         return real(spec, *args, **kwargs)
 
-    monkeypatch.setattr(api, "probe", counting)
+    monkeypatch.setattr(decision, "_sniffed", counting)
     return calls
 
 
+FILE = verdict_cache.file_name(by_id(BACKPORT_ID))  # one file per backport and environment
+
+
 def _entry(cache: Path) -> dict:
-    return json.loads((cache / f"{BACKPORT_ID}.json").read_text())
+    return json.loads((cache / FILE).read_text())
 
 
 def test_a_proved_verdict_is_kept_and_reused(tilelang_dsa, cache, probes):
@@ -51,7 +56,7 @@ def test_a_proved_verdict_is_kept_and_reused(tilelang_dsa, cache, probes):
     revert(BACKPORT_ID)
     (again,) = apply(BACKPORT_ID)  # what a worker process does at the target's import
     assert again.action is Action.INSTALLED and again.verdict is Verdict.NEEDED
-    assert again.evidence["cache"] == {"hit": True, "file": str(cache / f"{BACKPORT_ID}.json")}
+    assert again.evidence["cache"] == {"hit": True, "file": str(cache / FILE)}
     assert again.evidence["behaviour"] == first.evidence["behaviour"]
     assert tilelang_dsa.fused_sparse_mla_absorbed.__backport__ == BACKPORT_ID
     assert probes == [BACKPORT_ID]  # the second apply(BACKPORT_ID) reused the first one's verdict
@@ -74,7 +79,7 @@ def test_the_stored_verdict_decides_for_its_key(tilelang_dsa, cache):
     """The control for the tests below: an entry that matches is believed."""
     apply(BACKPORT_ID)
     revert(BACKPORT_ID)
-    path = cache / f"{BACKPORT_ID}.json"
+    path = cache / FILE
     entry = _entry(cache)
     path.write_text(json.dumps({**entry, "verdict": "upstream", "reason": "from the cache"}))
     with pytest.warns(UserWarning, match="from the cache"):
@@ -100,7 +105,7 @@ def test_the_stored_verdict_decides_for_its_key(tilelang_dsa, cache):
 def test_a_corrupt_or_foreign_entry_is_ignored_and_replaced(tilelang_dsa, cache, probes, corrupt):
     apply(BACKPORT_ID)
     revert(BACKPORT_ID)
-    path = cache / f"{BACKPORT_ID}.json"
+    path = cache / FILE
     path.write_text(corrupt(_entry(cache)), encoding="utf-8", errors="surrogateescape")
     (report,) = apply(BACKPORT_ID)
     assert report.action is Action.INSTALLED and report.evidence["cache"]["hit"] is False
@@ -139,7 +144,7 @@ def test_a_needed_verdict_not_proved_for_the_mode_is_probed_again(
     default-mode install: its vendored code was not sniffed with the local changes."""
     apply(BACKPORT_ID, upstream_only=False)
     revert(BACKPORT_ID)
-    path = cache / f"{BACKPORT_ID}.json"
+    path = cache / FILE
     entry = _entry(cache)
     path.write_text(json.dumps({**entry, "evidence": unproven(entry["evidence"])}))
     (report,) = apply(BACKPORT_ID, upstream_only=False)
@@ -166,32 +171,32 @@ def test_the_key_covers_torch_and_our_own_files(tilelang_dsa, monkeypatch, tmp_p
     import torch
 
     spec = by_id(BACKPORT_ID)
-    key = verdict_cache.fingerprint(spec)
-    assert key is not None and verdict_cache.fingerprint(spec) == key
+    key = decision.cache_key(spec)
+    assert key is not None and decision.cache_key(spec) == key
     (target,) = key["targets"]
     assert target["file"] == tilelang_dsa.__file__
     assert target["distribution"]["version"] == "0.19.2"
     assert "plugin" not in key  # a builtin's key: its code is ours, covered below
 
     monkeypatch.setattr(torch, "__version__", "9.9.9")
-    assert verdict_cache.fingerprint(spec) != key
+    assert decision.cache_key(spec) != key
     monkeypatch.undo()
 
-    ours = shutil.copytree(Path(verdict_cache.__file__).parent, tmp_path / "megatron")
-    monkeypatch.setattr(verdict_cache, "_PACKAGE_DIR", ours)
-    before = verdict_cache.fingerprint(spec)
-    with (ours / "probe.py").open("a") as handle:
+    ours = shutil.copytree(fingerprints._PACKAGE_DIR, tmp_path / "megatron")
+    monkeypatch.setattr(fingerprints, "_PACKAGE_DIR", ours)
+    before = decision.cache_key(spec)
+    with (ours / "api.py").open("a") as handle:
         handle.write("# an edit\n")
-    assert verdict_cache.fingerprint(spec) != before
+    assert decision.cache_key(spec) != before
 
 
 def test_no_key_while_the_target_is_not_loaded_or_is_ours(tilelang_dsa, monkeypatch):
     spec = by_id(BACKPORT_ID)
     apply(BACKPORT_ID)  # installed: the loaded function is our replacement
-    assert verdict_cache.fingerprint(spec) is None
+    assert decision.cache_key(spec) is None
     revert(BACKPORT_ID)
     monkeypatch.delitem(__import__("sys").modules, tilelang_dsa.__name__)
-    assert verdict_cache.fingerprint(spec) is None
+    assert decision.cache_key(spec) is None
 
 
 @pytest.fixture
@@ -215,21 +220,21 @@ def test_one_look_reads_megatron_cores_record_once_for_every_key(tilelang_dsa, r
     afresh (a reinstall between two calls changes it)."""
 
     from backports.megatron.catalog import CATALOG
-    from backports.megatron.one_look import one_look
+    from backports.megatron.evidence.one_look import one_look
 
     listed: list[str] = []
-    scandir = verdict_cache.os.scandir
-    monkeypatch.setattr(verdict_cache.os, "scandir", lambda p: listed.append(str(p)) or scandir(p))
-    loaded = [spec for spec in CATALOG if verdict_cache.fingerprint(spec) is not None]
+    scandir = fingerprints.os.scandir
+    monkeypatch.setattr(fingerprints.os, "scandir", lambda p: listed.append(str(p)) or scandir(p))
+    loaded = [spec for spec in CATALOG if decision.cache_key(spec) is not None]
     assert len(loaded) >= 2 and reads.count("RECORD") >= len(loaded)  # a read per target
     reads.clear()
     listed.clear()
     with one_look():
-        keys = [verdict_cache.fingerprint(spec) for spec in loaded]
-        assert [verdict_cache.fingerprint(spec) for spec in loaded] == keys
+        keys = [decision.cache_key(spec) for spec in loaded]
+        assert [decision.cache_key(spec) for spec in loaded] == keys
         assert reads.count("RECORD") == 1
-        assert listed.count(str(verdict_cache._PACKAGE_DIR)) == 1  # our files: listed once
-    assert verdict_cache.fingerprint(loaded[0]) == keys[0]
+        assert listed.count(str(fingerprints._PACKAGE_DIR)) == 1  # our files: listed once
+    assert decision.cache_key(loaded[0]) == keys[0]
     assert reads.count("RECORD") > 1
 
 
@@ -238,13 +243,13 @@ def test_the_version_evidence_and_the_keys_share_one_read_of_record(tilelang_dsa
     inside one look, once between them."""
 
     from backports.megatron.catalog import CATALOG
-    from backports.megatron.one_look import one_look
-    from backports.megatron.versions import installed_version
+    from backports.megatron.evidence.one_look import one_look
+    from backports.megatron.evidence.versions import installed_version
 
     with one_look():
         for spec in CATALOG:
             installed_version(spec.target.distribution, spec.target.modules)
-            verdict_cache.fingerprint(spec)
+            decision.cache_key(spec)
     assert reads.count("RECORD") == 1
 
 
@@ -255,7 +260,7 @@ def _forge_upstream(cache: Path) -> Path:
     """A genuine entry for this key, turned into an ``upstream`` verdict by someone else."""
     apply(BACKPORT_ID)
     revert(BACKPORT_ID)
-    path = cache / f"{BACKPORT_ID}.json"
+    path = cache / FILE
     path.write_text(json.dumps({**_entry(cache), "verdict": "upstream", "reason": "forged"}))
     return path
 
@@ -312,7 +317,7 @@ def test_the_fallback_is_not_read_while_the_first_location_works(
     monkeypatch.setattr(verdict_cache, "locations", lambda: [first, cache])
     (report,), _ = _apply_quietly()
     assert report.verdict is Verdict.NEEDED and report.evidence["cache"]["hit"] is False
-    assert (first / f"{BACKPORT_ID}.json").is_file()  # stored where it is read next
+    assert (first / FILE).is_file()  # stored where it is read next
 
 
 def _in_a_thread(function, seconds: float = 20.0):

@@ -19,10 +19,13 @@ from typing import Any
 
 import pytest
 
-from backports.megatron import Verdict, api, verdict_cache
+from backports.megatron import Verdict, decision
 from backports.megatron.catalog.megatron_lm_6964 import SPEC
-from backports.megatron.model import ImportGuard
-from backports.megatron.vendored_sniff import UPSTREAM_ONLY, WITH_LOCAL_CHANGES
+from backports.megatron.decision import verdict_cache
+from backports.megatron.evidence import fingerprints
+from backports.megatron.kinds.import_guard import ImportGuard
+from backports.megatron.model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES
+from tests.deciding import probe
 
 MODULE = "guarded_by_test.attention"
 RECORD = "guarded_by_test/attention.py,sha256=AAAA,17\nguarded_by_test-1.0.dist-info/RECORD,,\n"
@@ -65,25 +68,27 @@ def _spec() -> Any:
 
 
 def _digest() -> str:
-    key = verdict_cache.fingerprint(_spec())
+    key = decision.cache_key(_spec())
     assert key is not None
     return verdict_cache._digest(key)
 
 
 def test_the_real_entry_is_keyed_on_the_installed_attention_module():
-    key = verdict_cache.fingerprint(SPEC)
-    assert key is not None and key["kind"] == "import-guard"
-    assert key["module"]["file"].endswith("megatron/core/transformer/attention.py")
-    assert key["distribution"]["name"] == "megatron-core"
-    assert key["distribution"]["version"] == "0.19.2"
-    assert verdict_cache.fingerprint(SPEC) == key
+    key = decision.cache_key(SPEC)
+    (guard,) = key["targets"]
+    assert key is not None and guard["kind"] == "import-guard"
+    assert guard["module"]["file"].endswith("megatron/core/transformer/attention.py")
+    assert guard["distribution"]["name"] == "megatron-core"
+    assert guard["distribution"]["version"] == "0.19.2"
+    assert decision.cache_key(SPEC) == key
 
 
 def test_the_stand_in_is_keyed_and_the_key_is_stable(site):
-    key = verdict_cache.fingerprint(_spec())
+    key = decision.cache_key(_spec())
     assert key is not None
-    assert key["module"]["file"] == str(site / "guarded_by_test" / "attention.py")
-    assert key["distribution"]["version"] == "1.0"
+    (guard,) = key["targets"]
+    assert guard["module"]["file"] == str(site / "guarded_by_test" / "attention.py")
+    assert guard["distribution"]["version"] == "1.0"
     assert _digest() == verdict_cache._digest(key)
 
 
@@ -129,8 +134,8 @@ def test_an_edit_of_the_vendored_guard_is_probed_again(site, monkeypatch, tmp_pa
 
 
 def test_an_edit_of_our_own_code_is_probed_again(site, monkeypatch, tmp_path):
-    ours = shutil.copytree(Path(verdict_cache.__file__).parent, tmp_path / "ours")
-    monkeypatch.setattr(verdict_cache, "_PACKAGE_DIR", ours)
+    ours = shutil.copytree(fingerprints._PACKAGE_DIR, tmp_path / "ours")
+    monkeypatch.setattr(fingerprints, "_PACKAGE_DIR", ours)
     before = _digest()
     with (ours / "catalog" / "megatron_lm_6964.py").open("a") as handle:
         handle.write("# an edit of the sniff\n")
@@ -188,9 +193,9 @@ def test_no_key_when_the_module_is_not_a_file_of_its_distribution(site, monkeypa
     checkout.mkdir(parents=True)
     (checkout / "attention.py").write_text("HAVE_FA4 = False\n")
     monkeypatch.syspath_prepend(str(checkout.parent))
-    assert verdict_cache.fingerprint(_spec()) is None
+    assert decision.cache_key(_spec()) is None
     monkeypatch.undo()
-    assert verdict_cache.fingerprint(_spec()) is None  # the site folder went with the undo
+    assert decision.cache_key(_spec()) is None  # the site folder went with the undo
 
 
 # ---- stored and reused, per mode -----------------------------------------------------------
@@ -211,18 +216,18 @@ def _needed(*modes: str) -> dict[str, Any]:
 
 def test_a_stored_guard_verdict_is_reused_for_its_key_only(site, cache):
     spec = _spec()
-    key = verdict_cache.fingerprint(spec)
+    key = decision.cache_key(spec)
     assert key is not None
     verdict_cache.store(spec, key, "needed", "lacks the fix", _needed(UPSTREAM_ONLY))
     assert verdict_cache.load(spec, key, upstream_only=True) is not None
     _dist(site, "flash_attn_4", "4.0.0", "")
-    again = verdict_cache.fingerprint(spec)
+    again = decision.cache_key(spec)
     assert again is not None and verdict_cache.load(spec, again, upstream_only=True) is None
 
 
 def test_a_verdict_proved_upstream_only_is_probed_again_in_the_default_mode(site, cache):
     spec = _spec()
-    key = verdict_cache.fingerprint(spec)
+    key = decision.cache_key(spec)
     assert key is not None
     verdict_cache.store(spec, key, "needed", "lacks the fix", _needed(UPSTREAM_ONLY))
     assert verdict_cache.load(spec, key, upstream_only=False) is None
@@ -237,13 +242,13 @@ def test_status_reuses_it_and_describes_this_process_afresh(site, cache, monkeyp
     """A hit runs no probe (no child); whether the guard is installed and the module
     executed is read in this process, never taken from the file."""
     spec = _spec()
-    key = verdict_cache.fingerprint(spec)
+    key = decision.cache_key(spec)
     assert key is not None
     evidence = _needed(UPSTREAM_ONLY, WITH_LOCAL_CHANGES)
     path = verdict_cache.store(spec, key, "needed", "lacks the fix", evidence)
     probed: list[str] = []
-    monkeypatch.setattr(api, "probe", lambda spec, *args: probed.append(spec.id))
-    result = api._probe_for_status(spec, upstream_only=False)
+    monkeypatch.setattr(decision, "_sniffed", lambda spec, *args: probed.append(spec.id))
+    result = probe(spec, upstream_only=False)
     assert probed == [] and result.verdict is Verdict.NEEDED
     assert result.reason == "lacks the fix"
     assert result.evidence["cache"] == {"hit": True, "file": str(path)}
@@ -254,13 +259,18 @@ def test_status_reuses_it_and_describes_this_process_afresh(site, cache, monkeyp
 
 def test_off_the_guard_is_probed(site, cache, monkeypatch):
     spec = _spec()
-    key = verdict_cache.fingerprint(spec)
+    key = decision.cache_key(spec)
     assert key is not None
     verdict_cache.store(spec, key, "needed", "lacks the fix", _needed(UPSTREAM_ONLY))
     monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE", "0")
     probed: list[str] = []
-    monkeypatch.setattr(api, "probe", lambda spec, *args: probed.append(spec.id) or "probed")
-    assert api._probe_for_status(spec, upstream_only=True) == "probed"
+
+    def sniffed(spec, mode, evidence, targets, in_child):
+        probed.append(spec.id)
+        return decision.Decision(spec, mode, Verdict.NEEDED, "probed", evidence, targets)
+
+    monkeypatch.setattr(decision, "_sniffed", sniffed)
+    assert probe(spec, upstream_only=True).reason == "probed"
     assert probed == [spec.id]
 
 

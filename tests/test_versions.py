@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from backports.megatron.versions import installed_version
+from backports.megatron.evidence.versions import installed_version
 
 CHECKOUT_INFO = "MAJOR = 0\nMINOR = 20\nPATCH = 0\nPRE_RELEASE = 'rc0'\n"
 
@@ -18,8 +18,7 @@ _SCRIPT = textwrap.dedent(
     """
     import json
     from backports.megatron.catalog import MEGATRON_LM_7617
-    from backports.megatron.probe import probe_without_import
-    from backports.megatron.versions import describe, installed_version
+    from backports.megatron.evidence.versions import describe, installed_version
     info = installed_version("megatron-core").to_dict()
     print(json.dumps({"info": info, "text": describe("megatron-core", info)}))
     """

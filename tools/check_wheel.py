@@ -201,7 +201,7 @@ def check_commands(python: Path, work: Path) -> None:
 _IMPORTS_MEGATRON = """
 import importlib, json
 from backports.megatron.catalog import entries
-from backports.megatron.ranks import installed_backports
+from backports.megatron.job.ranks import installed_backports
 for spec in entries():
     for target in spec.targets:
         for name in target.modules:

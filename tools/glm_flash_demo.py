@@ -67,7 +67,7 @@ def main() -> int:
         from megatron.core.transformer.experimental_attention_variant import dsa, dsa_kernels
 
     if args.via_hook:
-        from backports.megatron.ranks import installed_backports
+        from backports.megatron.job.ranks import installed_backports
 
         # Those whose target modules this import brought in (#6793 waits for recompute's).
         hooked = ", ".join(installed_backports()) or "nothing"

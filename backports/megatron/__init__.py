@@ -4,7 +4,7 @@
 installed megatron-core lacks the fix; ``status()`` only reports; ``revert()`` undoes.
 
 The public names load on first use (PEP 562), so importing one small submodule (the
-stdlib-only ``activation.post_import``, say) does not pay for the api's imports (packaging,
+stdlib-only ``interpreter.import_hooks``, say) does not pay for the api's imports (packaging,
 importlib.metadata, the catalog: ~80 ms).
 
 This module also holds the start-up hook's trigger (``_start_up``, below): the hook file's
@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
     from .api import applied, apply, revert, status
     from .errors import BackportError, BackportWarning
-    from .process_manifest import manifest
-    from .ranks import verify_ranks
+    from .job.manifest import manifest
+    from .job.ranks import verify_ranks
     from .report import Action, Report, Verdict
 
 __all__ = [
@@ -50,10 +50,10 @@ _HOMES = {
     "Verdict": "report",
     "applied": "api",
     "apply": "api",
-    "manifest": "process_manifest",
+    "manifest": "job.manifest",
     "revert": "api",
     "status": "api",
-    "verify_ranks": "ranks",
+    "verify_ranks": "job.ranks",
 }
 
 
@@ -73,7 +73,7 @@ def __dir__() -> list[str]:
 
 
 # ---- the start-up hook's trigger -----------------------------------------------------------
-# `backports apply` writes site-packages/megatron_backports_startup.pth (activation.hook_file),
+# `backports apply` writes site-packages/megatron_backports_startup.pth (job.hook_file),
 # whose one line is: if this file is still installed, import this package and call _start_up.
 # Cheap and self-contained: os and sys only, nothing else of ours until megatron is imported.
 
@@ -83,11 +83,12 @@ _OFF = ("0", "false", "off", "no")  # switches.FALSE, spelled out (tests/test_sw
 
 class _Trigger:
     """A ``sys.meta_path`` finder for the first import of a watched package (``megatron``):
-    once that package has executed, ``job_start.fire`` runs ``apply()``.
+    once that package has executed, ``_job_start`` runs ``apply()``.
 
-    At that first lookup the post-import finder takes its place in ``sys.meta_path`` (same
-    index: removing an entry while the import system iterates the list would skip the next
-    one), so one finder serves the trigger and every backport's post-import hook.
+    At that first lookup the import finder (``interpreter.import_hooks``) comes first in
+    ``sys.meta_path`` and serves the trigger's hook and every backport's; the fired trigger
+    stays where it is, inert (removing an entry while the import system iterates the list
+    would skip the next one).
     """
 
     __megatron_backports_trigger__ = True
@@ -100,25 +101,28 @@ class _Trigger:
     def find_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "Any":
         """For the first lookup of a watched package: its spec as the other finders find
         it, with a loader that runs ``apply()`` once the package has executed. Not here,
-        inside the lookup: a plugin that imports megatron would then create a second one."""
+        inside the lookup: a plugin that imports megatron would then create a second one.
+        A lookup that finds nothing (``sys.path`` not set yet) leaves the trigger waiting."""
         if self.fired or fullname not in self.packages:
             return None
-        self.fired = True
+        self.fired = True  # also keeps the lookup below from coming here again
+        spec = None
         try:
-            from .job_start import fire_after_import
+            from .job.start_up import hand_over
 
-            return fire_after_import(fullname, path, target, self.config, self)
+            spec = hand_over(fullname, path, target, _JOB_START, **self.config)
         except Exception as exc:
             self._failed(exc)
-        return None
+            return None
+        if spec is None:
+            self.fired = False
+        return spec
 
     def fire_now(self) -> None:
         """Run ``apply()`` now: the watched package was imported before the trigger."""
         self.fired = True
         try:
-            from .job_start import fire
-
-            fire(self.config)
+            _job_start(None, **self.config)
         except Exception as exc:
             self._failed(exc)
 
@@ -130,10 +134,38 @@ class _Trigger:
         _say_hook_failed(exc)
 
 
+# What runs once the watched package has executed, named as the import finder calls it.
+_JOB_START = f"{__name__}:_job_start"
+
+
+def _job_start(module: "Any", only: "Any" = None, strict: bool = False) -> None:
+    """``apply(only, strict=strict)`` at megatron's first import; never breaks that import,
+    unless strict (then the import itself fails)."""
+    try:
+        from .api import apply
+
+        apply(None if only is None else tuple(only), strict=strict)
+    except Exception as exc:
+        if strict:
+            from .errors import StartUpFailure
+
+            raise StartUpFailure(f"the strict start-up hook failed: {exc}") from exc
+        from .interpreter.once_per_job import claim
+
+        said = claim("start-up-apply-failed")  # once per job, as the warnings are
+        import logging
+
+        logging.getLogger(__name__).log(
+            logging.ERROR if said else logging.DEBUG,
+            "megatron-backports: job-start apply() failed: %r",
+            exc,
+        )
+
+
 def _say_hook_failed(exc: BaseException) -> None:
     """One line on stderr for the job: rank 0, not again in children of one that said it."""
     try:
-        from .activation.once_per_job import claim
+        from .interpreter.once_per_job import claim
 
         first = claim("start-up-hook-failed")
     except Exception:

@@ -22,8 +22,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from . import switches, verdict_cache
+from . import switches
 from .catalog import select
+from .decision import verdict_cache
 from .errors import BackportError
 from .report import Action, Report, Verdict
 

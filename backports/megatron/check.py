@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
+from .evidence.versions import release_predates
 from .model import BackportSpec
 from .report import Action, Report, Verdict
-from .versions import release_predates
 
 __all__ = ["Judgement", "judge"]
 

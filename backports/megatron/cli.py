@@ -25,13 +25,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from . import import_notices, job_start, json_output, switches, table
-from .activation import hook_file, start_up
+from . import import_notices, json_output, switches, table
 from .api import applied, apply, load_targets, probe_ignoring_switches, revert, status
 from .audit import audit, candidate_dir, outcome
 from .catalog import entries, select, source
 from .check import Judgement, judge
 from .errors import BackportError, BackportWarning
+from .job import hook_file, start_up
+from .job import startup_hook as job_start
 from .report import Action, Report, Verdict
 
 __all__ = ["main"]

@@ -1,4 +1,4 @@
-"""The two things the tool raises or warns with; every error it raises is a BackportError."""
+"""What the tool raises or warns with; every error it raises is a BackportError."""
 
 __all__ = ["BackportError", "BackportWarning"]
 
@@ -9,3 +9,9 @@ class BackportError(RuntimeError):
 
 class BackportWarning(UserWarning):
     """A backport was skipped: already upstream, incompatible, or its target is absent."""
+
+
+class StartUpFailure(BackportError):
+    """A strict start-up hook's ``apply()`` failed: the import of megatron itself fails."""
+
+    fatal_on_import = True

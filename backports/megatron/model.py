@@ -23,9 +23,10 @@ from packaging.version import Version
 from .local_changes import LocalChange
 
 __all__ = [
+    "UPSTREAM_ONLY",
     "VENDOR_PACKAGE",
+    "WITH_LOCAL_CHANGES",
     "BackportSpec",
-    "ImportGuard",
     "LocalChange",
     "ResolvedTarget",
     "Sniff",
@@ -38,6 +39,15 @@ __all__ = [
 
 # Where builtin entries' vendored folders are installed (vendor/<id>/ in a checkout).
 VENDOR_PACKAGE = "backports.megatron._vendor"
+
+# The two modes an installed backport runs in: upstream's vendored code alone, or with the
+# local changes this project adds around it (MEGATRON_BACKPORTS_UPSTREAM_ONLY chooses).
+UPSTREAM_ONLY = "upstream-only"
+WITH_LOCAL_CHANGES = "local-changes"
+
+
+def mode_name(upstream_only: bool) -> str:
+    return UPSTREAM_ONLY if upstream_only else WITH_LOCAL_CHANGES
 
 
 def module_name_of(backport_id: str) -> str:
@@ -87,22 +97,10 @@ class Target:
     def replacement_name(self) -> str:
         return self.replacement or self.name
 
-
-@dataclass(frozen=True)
-class ImportGuard(Target):
-    """Module-level code a backport corrects: nothing can be rebound once it has run.
-
-    The module ``modules[0]`` executes inside the vendored guard (``replacement``: a
-    context-manager factory taking no arguments) from the moment ``apply()`` installs it
-    (the start-up hook does so before megatron's first import); ``revert`` removes the
-    guard (``backports.megatron.import_guards``). ``attribute`` names the module-level result
-    the guarded code decides, for reports; there are no parameters. The sniff gets one
-    target whose ``original`` is the guard in force: ``import_guards.no_guard`` for the
-    installed code as it stands, or a vendored guard; it judges the module's import under
-    it, in a child process (here the module must wait for the guard).
-    """
-
-    parameters: tuple[str, ...] = ()
+    def problem_in(self, targets: "Sequence[Target]") -> str | None:
+        """Why this target cannot stand among an entry's ``targets``, or None (a kind with
+        a rule of its own, such as the import guard, says it here)."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -125,10 +123,15 @@ class ResolvedTarget:
     owner: Any = None
     # Whether ``original`` is its declared decorator's wrapper around the module's body.
     decorated: bool = False
+    # The very object the owner holds (a static method's ``staticmethod``); ``original``
+    # when it is the function itself.
+    held: Any = None
 
     def __post_init__(self) -> None:
         if self.owner is None:
             object.__setattr__(self, "owner", self.module)
+        if self.held is None:
+            object.__setattr__(self, "held", self.original)
 
     @property
     def module_name(self) -> str:
@@ -199,13 +202,21 @@ class BackportSpec:
     # What this project adds around the first target's vendored code, outermost first
     # (see local_changes).
     local_changes: tuple[LocalChange, ...] = ()
+    # The sniff starts child interpreters (seconds each): a job's processes decide from the
+    # verdict cache, or, while it is cold, from the evidence that needs no sniff; `backports
+    # status` and `check` run it (and fill the cache). A kind may require it (an import guard).
+    sniff_in_child: bool = False
+    # First release with the bug, where it came later than the target: an older release
+    # is ``absent`` (it has the target and not the bug). None: the target always had it.
+    bug_since: Version | None = None
 
     def __post_init__(self) -> None:
         if not self.targets:
             raise ValueError(f"{self.id}: a catalog entry needs at least one target")
-        guards = [t for t in self.targets if isinstance(t, ImportGuard)]
-        if guards and (len(self.targets) != 1 or len(guards[0].modules) != 1):
-            raise ValueError(f"{self.id}: an import guard is the entry's one target, on one module")
+        for target in self.targets:
+            problem = target.problem_in(self.targets) if isinstance(target, Target) else None
+            if problem is not None:
+                raise ValueError(f"{self.id}: {problem}")
         if isinstance(self.vendored, VendoredRef):  # else a plugin's mistake: spec_checks says
             object.__setattr__(self, "vendored", self._complete(self.vendored))
         if not self.delete_when_landed:
@@ -213,14 +224,8 @@ class BackportSpec:
 
     @property
     def target(self) -> Target:
-        """The first target (single-target code and messages)."""
+        """The first target (messages, and the distribution ``target_since`` dates)."""
         return self.targets[0]
-
-    @property
-    def guard(self) -> ImportGuard | None:
-        """The entry's import guard, when it guards a module's execution (else None)."""
-        target = self.targets[0]
-        return target if isinstance(target, ImportGuard) else None
 
     def _complete(self, ref: VendoredRef) -> VendoredRef:
         """``ref`` with every empty field derived from the id and the first target."""

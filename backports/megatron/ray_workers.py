@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import BackportError
-from .ranks import disagreement, installed_backports
+from .job.ranks import disagreement, installed_backports
 
 __all__ = ["verify_actors", "verify_sets"]
 

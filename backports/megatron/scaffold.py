@@ -35,11 +35,11 @@ from typing import Any
 
 from . import _scaffold_templates as t
 from .errors import BackportError
+from .evidence.versions import installed_version
+from .kinds.function import compiled_body
 from .scaffold_model import Scaffold, TargetInfo
-from .targets import compiled_body
 from .upstream_schema import unsafe_text
 from .vendored import python_files_digest
-from .versions import installed_version
 
 __all__ = ["Scaffold", "TargetInfo", "create", "read_target"]
 
@@ -210,7 +210,7 @@ def _check_prefix(scaffold: Scaffold) -> None:
     """A plugin never takes a builtin's id, nor the builtin prefix unasked: the loader would
     withhold it (see plugins)."""
     from .catalog import CATALOG
-    from .plugins import BUILTIN_PREFIX
+    from .catalog._plugins import BUILTIN_PREFIX
 
     if scaffold.id in {spec.id for spec in CATALOG}:
         raise BackportError(

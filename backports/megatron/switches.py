@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 
 from .errors import BackportWarning
+from .session import SESSION
 
 __all__ = [
     "ALLOW_BUILTIN_IDS",
@@ -51,8 +52,7 @@ NAMES = (ENABLE, SKIP, UPSTREAM_ONLY, SKIP_PLUGINS)
 TRUE = frozenset({"1", "true", "on", "yes"})
 FALSE = frozenset({"0", "false", "off", "no"})
 
-_LOG = logging.getLogger("backports.megatron")
-_warned: set[str] = set()
+_LOG = logging.getLogger(__name__)
 
 
 def _warn_once(name: str, raw: str, default: bool) -> None:
@@ -64,10 +64,11 @@ def _warn_once(name: str, raw: str, default: bool) -> None:
 
 
 def _warn_once_per_job(key: str, message: str) -> None:
-    if key in _warned:
-        return
-    _warned.add(key)
-    from .activation.once_per_job import claim  # here, not at the top: only a bad value needs it
+    with SESSION.lock:
+        if f"switch:{key}" in SESSION.warned:
+            return
+        SESSION.warned.add(f"switch:{key}")
+    from .interpreter.once_per_job import claim  # here, not at the top: only a bad value needs it
 
     if claim(key):  # rank 0, and not again in the children of one that warned
         warnings.warn(message, BackportWarning, stacklevel=3)

@@ -17,6 +17,7 @@ from .upstream_schema import parse_upstream
 __all__ = [
     "Integrity",
     "check_integrity",
+    "drift_reason",
     "load_replacement",
     "python_files_digest",
     "read_upstream",
@@ -136,3 +137,41 @@ def replacement_functions(
             function = wrap_all(function, spec.local_changes)
         functions.append(function)
     return functions
+
+
+def _drift_fix(backport_id: str, origin: str) -> str:
+    """What puts a drifted folder right: a handwritten one's new hashes are recorded with
+    ``--rehash`` (there is no upstream text to sync); synced code is synced again."""
+    if origin == "handwritten":
+        return (
+            f"if the edit is meant, record its hashes: backports sync --backport {backport_id} "
+            "--rehash (with --vendor-dir DIR for a plugin's folder)"
+        )
+    return f"re-sync it (backports sync --backport {backport_id}) or undo the edit"
+
+
+def drift_reason(integrity: Integrity, backport_id: str, origin: str) -> str | None:
+    """Why the vendored code is not what UPSTREAM.toml describes, or None.
+
+    The named file first, then every .py of the folder: the loader imports the module by
+    name, which need not be the file UPSTREAM.toml names.
+    """
+    fix = _drift_fix(backport_id, origin)
+    if not integrity.file_ok:
+        return (
+            f"vendored {integrity.file} has sha256 {integrity.actual[:12]}, UPSTREAM.toml says "
+            f"{integrity.expected[:12]}: it was edited without backports sync; {fix}"
+        )
+    if not integrity.files_expected:
+        return (
+            f"vendored folder {integrity.folder}: UPSTREAM.toml has no files_sha256, so its "
+            ".py files cannot be checked; re-sync it, or refresh a handwritten one with "
+            "backports sync --rehash"
+        )
+    if not integrity.files_ok:
+        return (
+            f"vendored folder {integrity.folder} has files_sha256 {integrity.files_actual[:12]}, "
+            f"UPSTREAM.toml says {integrity.files_expected[:12]}: a .py file in it was edited "
+            f"without backports sync; {fix}"
+        )
+    return None

@@ -15,15 +15,23 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import BackportError
-from ..model import BackportSpec, ImportGuard, SniffResult, Target, VendoredRef
+from ..kinds.constructor import Constructor
+from ..kinds.import_guard import ImportGuard
+from ..kinds.module_attribute import ModuleAttribute
+from ..model import BackportSpec, LocalChange, SniffFailed, SniffResult, Target, VendoredRef
+from ..session import SESSION
 
 if TYPE_CHECKING:  # plugins are loaded on first use, never when this package is imported
-    from ..plugins import Loaded, Withheld
+    from ._plugins import Loaded, Withheld
 
 __all__ = [
     "CATALOG",
     "BackportSpec",
+    "Constructor",
     "ImportGuard",
+    "LocalChange",
+    "ModuleAttribute",
+    "SniffFailed",
     "SniffResult",
     "Target",
     "VendoredRef",
@@ -72,25 +80,24 @@ def __getattr__(name: str) -> BackportSpec:
     return spec
 
 
-# (the builtins it was built from, the catalog): a test that swaps CATALOG sees its own.
-_loaded: "tuple[tuple[BackportSpec, ...], Loaded] | None" = None
-
-
 def _load() -> "Loaded":
-    """The builtins and the plugins, loaded on first use, once per process."""
-    global _loaded
-    if _loaded is None or _loaded[0] is not CATALOG:
-        from .. import plugins
+    """The builtins and the plugins, loaded on first use, once per session (kept on it with
+    the builtins it was built from: a test that swaps CATALOG sees its own)."""
+    with SESSION.lock:
+        kept = SESSION.catalog
+        if kept is None or kept[0] is not CATALOG:
+            from . import _plugins
 
-        _loaded = (CATALOG, plugins.load(CATALOG))
-    return _loaded[1]
+            kept = SESSION.catalog = (CATALOG, _plugins.load(CATALOG))
+        loaded: Loaded = kept[1]
+        return loaded
 
 
 def reload() -> None:
     """Forget the loaded plugins: the next use reads the entry points again (tests, and a
     process that installed or removed a plugin, or changed MEGATRON_BACKPORTS_SKIP_PLUGINS)."""
-    global _loaded
-    _loaded = None
+    with SESSION.lock:
+        SESSION.catalog = None
 
 
 def entries() -> tuple[BackportSpec, ...]:

@@ -11,8 +11,6 @@ Module-level code: the entry is an ``ImportGuard``, in place before the module e
 """
 
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -21,7 +19,10 @@ from typing import Any
 
 from packaging.version import Version
 
-from ..model import BackportSpec, ImportGuard, SniffFailed, SniffResult
+from ..children import child_path, run_python
+from ..evidence.fingerprints import module_file
+from ..kinds.import_guard import ImportGuard
+from ..model import BackportSpec, SniffFailed, SniffResult
 
 __all__ = ["SPEC", "import_in_child", "stale_flash_attn"]
 
@@ -60,15 +61,12 @@ def stale_flash_attn(folder: Path) -> Path:
 
 
 def import_in_child(guard: Callable[..., Any], first_on_path: Path) -> dict[str, Any]:
-    """Import the attention module in a fresh interpreter under ``guard``, with
-    ``first_on_path`` ahead of this process's own ``sys.path`` (so the child sees the
-    megatron-core this process probes: ``audit`` puts a candidate first); the backports
-    are off there."""
-    env = {**os.environ, "MEGATRON_BACKPORTS": "0"}
-    env["PYTHONPATH"] = os.pathsep.join([str(first_on_path), *(p for p in sys.path if p)])
-    command = [sys.executable, "-c", _CHILD, guard.__module__, guard.__qualname__, _MODULE]
-    done = subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=_CHILD_TIMEOUT_S, check=False
+    """Import the attention module in a fresh, isolated interpreter under ``guard``, with
+    ``first_on_path`` ahead of this process's own path (so the child sees the megatron-core
+    this process probes: ``audit`` puts a candidate first); the backports are off there."""
+    path = child_path([str(first_on_path)])
+    done = run_python(
+        _CHILD, [guard.__module__, guard.__qualname__, _MODULE], path=path, timeout=_CHILD_TIMEOUT_S
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("SNIFF ")]
     if done.returncode != 0 or len(lines) != 1:
@@ -77,26 +75,24 @@ def import_in_child(guard: Callable[..., Any], first_on_path: Path) -> dict[str,
     return json.loads(lines[0][len("SNIFF ") :])  # type: ignore[no-any-return]
 
 
-# What a child saw, per (guard, interpreter, sys.path, attention.py's stat): the child costs
+# What a child saw, per (guard, interpreter, its path, attention.py's stat): the child costs
 # an import of torch and megatron (tens of seconds), and its outcome depends on nothing else.
 _SEEN: dict[tuple[Any, ...], dict[str, Any]] = {}
 
 
 def _module_file_stat() -> tuple[str, int, int] | None:
     """Where the child will find the attention module, and its size and mtime; found on
-    ``sys.path`` without importing anything (megatron's packages may import it)."""
-    relative = Path(*_MODULE.split(".")).with_suffix(".py")
-    for entry in sys.path:
-        candidate = Path(entry or ".") / relative
-        if candidate.is_file():
-            stat = candidate.stat()
-            return str(candidate.resolve()), stat.st_size, stat.st_mtime_ns
-    return None
+    the path without importing anything (megatron's packages may import it)."""
+    found = module_file(_MODULE, child_path())
+    if found is None:
+        return None
+    stat = found.stat()
+    return str(found.resolve()), stat.st_size, stat.st_mtime_ns
 
 
 def _import_beside_stale_cute(guard: Callable[..., Any]) -> dict[str, Any]:
     key: tuple[Any, ...] = (guard.__module__, guard.__qualname__, sys.executable)
-    key += (tuple(sys.path), _module_file_stat())
+    key += (tuple(child_path()), _module_file_stat())
     if key not in _SEEN:
         with tempfile.TemporaryDirectory(prefix="megatron-lm-6964-") as folder:
             _SEEN[key] = import_in_child(guard, stale_flash_attn(Path(folder)))
@@ -137,4 +133,5 @@ SPEC = BackportSpec(
     # No megatron-core release carries it yet (0.19.2 is the newest on PyPI and lacks it).
     fixed_in=None,
     sniff=_sniff,
+    sniff_in_child=True,
 )

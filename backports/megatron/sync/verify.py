@@ -50,7 +50,7 @@ def _imported(text: str, file_name: str, backport_id: str) -> Iterator[types.Mod
 def sniff_candidate(backport_id: str, text: str, file_name: str) -> Sniffed:
     """The entry's sniff on ``text`` (the vendored file a sync would write), upstream-only."""
     from ..catalog import by_id  # loads the entries and plugins: only a sync needs them
-    from ..vendored_sniff import sniff_replacement
+    from ..decision import sniff_vendored as sniff_replacement
 
     try:
         spec = by_id(backport_id)

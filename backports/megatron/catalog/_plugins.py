@@ -33,10 +33,10 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from . import switches
-from .model import BackportSpec
-from .report import Verdict
-from .spec_checks import problem
+from .. import switches
+from ..model import BackportSpec
+from ..report import Verdict
+from ._checks import problem
 
 __all__ = ["BUILTIN", "GROUP", "Loaded", "Withheld", "load"]
 
@@ -95,7 +95,7 @@ def _source(entry_point: importlib.metadata.EntryPoint) -> tuple[str, str]:
 def _as_entries(value: Any) -> tuple[tuple[BackportSpec, ...], str | None]:
     """(the entries ``value`` holds, or why it is not a catalog entry or an iterable of them)."""
     if isinstance(value, BackportSpec):
-        return (value,), None
+        value = (value,)  # one entry: checked as every entry of a list is
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
         return (), f"names a {type(value).__name__}, not a BackportSpec or an iterable of them"
     items = list(value)  # may raise: the caller reports it like an import failure

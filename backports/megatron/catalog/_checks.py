@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from packaging.version import Version
 
-from .model import BackportSpec, LocalChange, Target, VendoredRef
+from ..model import BackportSpec, LocalChange, Target, VendoredRef
 
 __all__ = ["problem"]
 
@@ -89,8 +89,10 @@ def _vendored(value: object) -> str | None:
 def _versions(spec: BackportSpec) -> str | None:
     if not isinstance(spec.target_since, Version):
         return f"target_since is {spec.target_since!r} ({_kind(spec.target_since)}), not a Version"
-    if spec.fixed_in is not None and not isinstance(spec.fixed_in, Version):
-        return f"fixed_in is {spec.fixed_in!r} ({_kind(spec.fixed_in)}), not a Version or None"
+    for name in ("fixed_in", "bug_since"):
+        value = getattr(spec, name)
+        if value is not None and not isinstance(value, Version):
+            return f"{name} is {value!r} ({_kind(value)}), not a Version or None"
     return None
 
 
@@ -127,6 +129,11 @@ def problem(spec: BackportSpec) -> str | None:
         lambda: _vendored(spec.vendored),
         lambda: _text("delete_when_landed", spec.delete_when_landed),
         lambda: _local_changes(spec.local_changes),
+        lambda: (
+            None
+            if isinstance(spec.sniff_in_child, bool)
+            else f"sniff_in_child is a {_kind(spec.sniff_in_child)}, not a bool"
+        ),
     ]
     for check in checks:
         bad = check()

@@ -4,6 +4,8 @@ hooks do), through one finder in ``sys.meta_path`` for every hook of the process
 - ``register``: ``callback(module)`` each time the module has executed (a backport's
   install, the start-up trigger's ``apply()``). A failing callback is logged and never
   breaks the import, unless its error is marked ``fatal_on_import`` (strict mode).
+  ``register_named``: the callback named by a ``"module:function"`` string, imported only
+  when the hook fires (as wrapt's post-import hooks are named).
 - ``register_around``: the module executes inside ``around(module)``, a context manager
   (an import guard: a fix to module-level code must be in place before that code runs).
   What it raises is the execution's own failure: the import fails, as any would.
@@ -25,8 +27,8 @@ from typing import Any
 __all__ = [
     "register",
     "register_around",
+    "register_named",
     "registered",
-    "take_place_of",
     "unregister",
     "watched_spec",
 ]
@@ -37,7 +39,7 @@ Around = Callable[[ModuleType], contextlib.AbstractContextManager[Any]]
 _LOCK = threading.RLock()
 _CALLBACKS: dict[str, dict[str, Callback]] = {}  # module name -> key -> callback
 _AROUND: dict[str, dict[str, Around]] = {}  # module name -> key -> context manager factory
-_LOG = logging.getLogger("backports.megatron")
+_LOG = logging.getLogger(__name__)
 
 
 class _WatchingLoader(importlib.abc.Loader):
@@ -140,20 +142,23 @@ def watched_spec(
     return _FINDER.find_spec(fullname, path, target)
 
 
-def take_place_of(finder: object) -> None:
-    """Stand where ``finder`` (the start-up trigger) stands in ``sys.meta_path``: one
-    finder for every post-import hook, never two in series. Same index, same length: an
-    import iterating the list meanwhile skips nothing."""
-    with _LOCK:
-        places = [i for i, found in enumerate(sys.meta_path) if found is finder]
-        if places and _FINDER not in sys.meta_path:
-            sys.meta_path[places[0]] = _FINDER
-
-
 def register(module_name: str, key: str, callback: Callback) -> None:
     """Call ``callback(module)`` each time ``module_name`` finishes executing: once per
     import, even when registered under several keys (each key is unregistered alone)."""
     _add(_CALLBACKS, module_name, key, callback)
+
+
+def register_named(module_name: str, key: str, path: str, **kwargs: Any) -> None:
+    """``register`` a callback named "module:function", called as ``function(module,
+    **kwargs)``; its module is imported only when the hook fires."""
+
+    def named(module: ModuleType) -> None:
+        home, _, name = path.partition(":")
+        # __import__, not importlib.import_module: the importlib package imports warnings.
+        function = getattr(__import__(home, fromlist=[name]), name)
+        function(module, **kwargs)
+
+    register(module_name, key, named)
 
 
 def register_around(module_name: str, key: str, around: Around) -> None:
@@ -168,13 +173,14 @@ def _add[H: (Callback, Around)](
     with _LOCK:
         table.setdefault(module_name, {})[key] = hook
         _come_first()
+        _audit_imports()
 
 
 def _come_first() -> None:
     """Put the one finder at ``sys.meta_path[0]``: a finder another library inserted in
-    front of it since start-up would otherwise answer for a watched module and its hooks
-    would never run. One slice assignment, the list's length kept: an import iterating it
-    meanwhile may meet a finder twice, never skip one."""
+    front of it would otherwise answer for a watched module and its hooks would never run.
+    One slice assignment, the list's length kept: an import iterating it meanwhile may meet
+    a finder twice, never skip one."""
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
         return
@@ -183,8 +189,35 @@ def _come_first() -> None:
         sys.meta_path[: place + 1] = [_FINDER, *sys.meta_path[:place]]
 
 
+_AUDITING: list[bool] = []  # one audit hook per process (they cannot be removed)
+
+
+def _audit_imports() -> None:
+    """At each import, bring the one finder back to ``sys.meta_path[0]`` while it has hooks:
+    a finder another library inserted in front of it since (typeguard's, jaxtyping's import
+    hooks) would otherwise answer for a watched module, and its hooks (a backport's install,
+    an import guard) would never run. The ``import`` audit event is raised by every
+    ``import`` statement and ``__import__`` before any finder is asked; ``importlib.
+    import_module`` raises none, so the finder moves back at the next import statement of any
+    module (and ``apply()`` catches up with a watched module imported meanwhile)."""
+    if _AUDITING:
+        return
+    _AUDITING.append(True)
+
+    def audit(event: str, args: tuple[Any, ...]) -> None:
+        if event == "import" and (_CALLBACKS or _AROUND):
+            meta_path = sys.meta_path
+            if not meta_path or meta_path[0] is not _FINDER:
+                with _LOCK:
+                    if _CALLBACKS or _AROUND:
+                        _come_first()
+
+    sys.addaudithook(audit)
+
+
 def unregister(key: str) -> None:
-    """Drop every hook ``key`` registered; the finder leaves with the last hook."""
+    """Drop every hook ``key`` registered; the finder leaves with the last hook (the audit
+    hook stays, inert: it acts only for a module some hook watches)."""
     with _LOCK:
         _drop(_CALLBACKS, key)
         _drop(_AROUND, key)

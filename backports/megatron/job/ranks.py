@@ -3,14 +3,17 @@
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import import_guards
-from .activation.once_per_job import is_rank_zero
-from .catalog import by_id, entries
-from .errors import BackportError
-from .patcher import installed
-from .vendored import check_integrity, read_upstream
+from ..catalog import by_id, entries
+from ..errors import BackportError
+from ..interpreter.once_per_job import is_rank_zero
+from ..kinds.install import installed
+from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec
+from ..session import SESSION
+from ..vendored import check_integrity, read_upstream
+from .deferred import is_deferred
 
 __all__ = [
+    "deferred_backports",
     "disagreement",
     "installed_backports",
     "is_rank_zero",
@@ -18,30 +21,39 @@ __all__ = [
     "verify_ranks",
 ]
 
-_UPSTREAM_ONLY = "upstream-only"  # api.UPSTREAM_ONLY: api imports this package's users
-
 
 def installed_backports() -> dict[str, str]:
     """Backports installed in this process: id -> sha256 of the vendored file it runs."""
-    return {
-        spec.id: check_integrity(spec.vendored, read_upstream(spec.vendored)).actual
-        for spec in entries()
-        if installed(spec.id) is not None or import_guards.installed(spec.id) is not None
-    }
+    return {spec.id: _vendored_sha(spec) for spec in entries() if installed(spec.id) is not None}
+
+
+def deferred_backports() -> dict[str, str]:
+    """Backports waiting for their target's import here: id -> sha256 of the vendored file
+    they will run (a rank that never imported the target runs it the moment it does)."""
+    return {spec.id: _vendored_sha(spec) for spec in entries() if is_deferred(spec.id)}
+
+
+def _vendored_sha(spec: BackportSpec) -> str:
+    return check_integrity(spec.vendored, read_upstream(spec.vendored)).actual
+
+
+def _mode(backport_id: str) -> str:
+    installation = installed(backport_id)
+    if installation is not None:
+        return str(installation.mode)
+    watched = SESSION.watched.get(backport_id)
+    return WITH_LOCAL_CHANGES if watched is None else str(watched.mode)
 
 
 def running_backports() -> dict[str, str]:
-    """What each installed backport runs: id -> "<sha256 of the vendored file> <mode>", and
-    the local changes in force: the same vendored file upstream-only, or with other local
-    changes (another version of this package), is other code."""
+    """What each installed or deferred backport runs: id -> "<sha256 of the vendored file>
+    <mode>", and the local changes in force: the same vendored file upstream-only, or with
+    other local changes (another version of this package), is other code."""
     running = {}
-    for backport_id, sha in installed_backports().items():
-        installation = installed(backport_id)
-        guard = import_guards.installed(backport_id)
-        mode = str(getattr(getattr(installation, "replacement", None), "__backport_mode__", ""))
-        mode = (guard.mode if guard is not None else mode) or "local-changes"
+    for backport_id, sha in {**deferred_backports(), **installed_backports()}.items():
+        mode = _mode(backport_id)
         changes = (
-            [] if mode == _UPSTREAM_ONLY else [c.name for c in by_id(backport_id).local_changes]
+            [] if mode == UPSTREAM_ONLY else [c.name for c in by_id(backport_id).local_changes]
         )
         running[backport_id] = f"{sha} {mode}" + (f" [{', '.join(changes)}]" if changes else "")
     return running

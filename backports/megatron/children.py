@@ -1,0 +1,74 @@
+"""Child interpreters that take no code from the caller's working directory.
+
+A sniff that must import a module afresh (an import guard's), a Triton kernel run under
+``TRITON_INTERPRET=1``, a candidate release in ``audit``: each runs in a child interpreter.
+``python -c`` would put the working directory first on the child's ``sys.path``, so a
+``json.py`` in whatever folder the user stands in (a shared ``/tmp``, a Megatron-LM
+checkout) would run, or be judged in place of the installed code. So every child here is
+``-I`` (no working directory, no ``PYTHON*`` variables, no user site), its path is given
+explicitly (the caller's, less the working directory), it starts in a private empty folder,
+and the backports are off in it (it judges megatron as it stands) unless asked otherwise.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+
+__all__ = ["PATH_VARIABLE", "child_path", "run_python"]
+
+PATH_VARIABLE = "MEGATRON_BACKPORTS_CHILD_PATH"
+
+# Run first in every child: its sys.path is the one given (json and os are the standard
+# library's: -I keeps the working directory off the path before this line runs).
+_PRELUDE = (
+    "import json as _json, os as _os, sys as _sys\n"
+    f"_sys.path[:] = _json.loads(_os.environ.pop({PATH_VARIABLE!r}))\n"
+    "del _json, _os, _sys\n"
+)
+
+
+def child_path(first: Sequence[str] = ()) -> list[str]:
+    """``first``, then this process's ``sys.path`` without the working directory (neither
+    ``''`` nor the folder itself): what a child searches, and what a verdict it gave is
+    keyed on."""
+    cwd = os.path.realpath(os.getcwd())
+    kept = [
+        entry
+        for entry in sys.path
+        if entry and os.path.isabs(entry) and os.path.realpath(entry) != cwd
+    ]
+    return list(dict.fromkeys([*first, *kept]))
+
+
+def run_python(
+    script: str,
+    args: Sequence[str] = (),
+    *,
+    path: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    backports: bool = False,
+    timeout: float,
+) -> "subprocess.CompletedProcess[str]":
+    """Run ``script`` in ``python -I`` with ``args``, searching ``path`` (default:
+    ``child_path()``), in a private empty working directory; output captured as text.
+
+    ``env``: the environment (default: this process's); ``backports``: leave the backports
+    to the environment's switches (default: off, ``MEGATRON_BACKPORTS=0``).
+    """
+    environ = dict(os.environ if env is None else env)
+    environ[PATH_VARIABLE] = json.dumps(list(child_path() if path is None else path))
+    if not backports:
+        environ["MEGATRON_BACKPORTS"] = "0"
+    with tempfile.TemporaryDirectory(prefix="megatron-backports-child-") as cwd:
+        return subprocess.run(
+            [sys.executable, "-I", "-c", _PRELUDE + script, *args],
+            cwd=cwd,
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )

@@ -1,0 +1,433 @@
+"""One decision path: for one backport in one mode, the verdict, its reason and evidence.
+
+``decide()`` reads as the job itself, one named step per line: the evidence that needs no
+import (provenance, integrity, versions: read once, the vendored folder hashed once), each
+target located once through its kind, the shape checked, the verdict cache asked (and told),
+the sniff run on the installed code and on the replacement, which is built once and kept on
+the ``Decision`` for the install. Every caller goes through it: ``apply`` and the deferred
+install at a target's import, ``status``, ``check``, ``audit``'s child, the commands.
+"""
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from .. import children
+from ..evidence.versions import describe
+from ..kinds import Kind, TargetMissing, kind_of
+from ..local_changes import wrap_all
+from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec, SniffResult
+from ..report import Verdict
+from ..vendored import vendored_module
+from . import verdict_cache
+from .early import Early, early_evidence
+from .judging import (
+    behaviour_reasons,
+    git_evidence,
+    one_line,
+    unproven_reason,
+    vendored_behaviour,
+)
+from .sniffing import folder_name, run_sniffs, stand_ins, stub_of
+
+__all__ = ["Decision", "Replacements", "cache_key", "decide", "sniff_vendored"]
+
+_LOG = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Replacements:
+    """What replaces each target, in catalog order: ``alone`` is the vendored objects as
+    they are (what the sniff judges upstream-only), ``installed`` what the applier puts in
+    place in the decision's mode (the first wrapped in the local changes, unless
+    upstream-only)."""
+
+    alone: tuple[Any, ...]
+    installed: tuple[Any, ...]
+
+
+@dataclass
+class Decision:
+    """One backport's verdict in one mode; ``verdict`` None while its targets wait for
+    their import. ``targets`` are the resolved targets (once all were found), and
+    ``replacements`` what the applier installs (a ``needed`` verdict's only): built by the
+    sniff where it ran, else on first use (``status`` of a cached verdict never builds)."""
+
+    spec: BackportSpec
+    mode: str
+    verdict: Verdict | None
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    targets: tuple[Any, ...] = ()
+    built: Replacements | None = None
+
+    @property
+    def upstream_only(self) -> bool:
+        return self.mode == UPSTREAM_ONLY
+
+    @property
+    def installable(self) -> bool:
+        return self.verdict is Verdict.NEEDED and len(self.targets) == len(self.spec.targets)
+
+    def replacements(self) -> Replacements:
+        """What replaces each target in this decision's mode, built once."""
+        if self.built is None:
+            self.built = _replacements(self.spec, self.mode, self.targets)
+        return self.built
+
+
+def decide(
+    spec: BackportSpec,
+    mode: str,
+    *,
+    importing: bool,
+    child_sniffs: bool,
+    plugin: tuple[str, str] | None = None,
+) -> Decision:
+    """The verdict on ``spec`` in ``mode`` (``UPSTREAM_ONLY`` or ``WITH_LOCAL_CHANGES``).
+
+    ``importing``: import the targets' modules to judge them (else a target not imported
+    yet leaves the verdict None: it is decided at its import). ``child_sniffs``: run a sniff
+    that starts child interpreters (seconds) when the verdict cache has no answer; without,
+    such a backport is decided on the evidence that needs no sniff, and the reason says so.
+    ``plugin``: (distribution, entry-point module) of a plugin's entry, for the cache's key.
+    Never raises but for a KeyboardInterrupt: a failure is an ``incompatible`` verdict.
+    """
+    early = early_evidence(spec)
+    if early.verdict is not None:
+        return Decision(spec, mode, early.verdict, early.reason, early.evidence)
+    try:
+        return _judge_targets(spec, mode, early, importing, child_sniffs, plugin)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        # A sniff (a plugin's, say) that calls sys.exit() must not end the job: only the
+        # user's Ctrl-C goes through.
+        reason = f"probe failed: {one_line(exc)}"
+        return Decision(spec, mode, Verdict.INCOMPATIBLE, reason, early.evidence)
+
+
+def _judge_targets(
+    spec: BackportSpec,
+    mode: str,
+    early: Early,
+    importing: bool,
+    child_sniffs: bool,
+    plugin: tuple[str, str] | None,
+) -> Decision:
+    evidence = early.evidence
+    kinds = [kind_of(target) for target in spec.targets]
+    located = _locate(spec, kinds, importing)
+    if located is None:
+        version = describe(spec.target.distribution, evidence["distribution"])
+        reason = (
+            f"{version} is not imported yet: the behaviour probe runs, and the backport "
+            f"installs if needed, when {spec.target.modules[-1]} is imported"
+        )
+        return Decision(spec, mode, None, reason, evidence)
+    if isinstance(located, str):
+        return Decision(spec, mode, Verdict.ABSENT, located, evidence)
+    targets = located
+    _target_evidence(spec, kinds, targets, evidence)
+    refusal = _refusal(spec, kinds, targets, evidence["upstream"]["reads"])
+    if refusal is not None:
+        return Decision(spec, mode, Verdict.INCOMPATIBLE, refusal, evidence, targets)
+    in_child = spec.sniff_in_child or any(kind.sniff_in_child for kind in kinds)
+    key = _cache_key(spec, kinds, targets, early, in_child, plugin) if _caching() else None
+    decision = _from_cache(spec, mode, key, evidence, targets)
+    if decision is None and in_child and not child_sniffs:
+        decision = _unsniffed(spec, mode, evidence, targets)
+    if decision is None:
+        decision = _sniffed(spec, mode, evidence, targets, in_child)
+        _keep(spec, key, decision)
+    return _with_existing(decision, kinds)
+
+
+def cache_key(spec: BackportSpec, plugin: tuple[str, str] | None = None) -> dict[str, Any] | None:
+    """The verdict cache's key for ``spec`` as its targets stand in this process (importing
+    nothing), or None where it cannot be keyed (a target not loaded, not the module's own,
+    or not a file of its distribution). What ``decide`` looks up and stores under."""
+    early = early_evidence(spec)
+    kinds = [kind_of(target) for target in spec.targets]
+    located = _locate(spec, kinds, importing=False)
+    if not isinstance(located, tuple):
+        return None
+    in_child = spec.sniff_in_child or any(kind.sniff_in_child for kind in kinds)
+    return _cache_key(spec, kinds, located, early, in_child, plugin)
+
+
+def _locate(spec: BackportSpec, kinds: Sequence[Kind], importing: bool) -> Any:
+    """Every target resolved, in catalog order (a tuple); why one is absent (a str); or
+    None while one waits for its module's import (``importing`` False)."""
+    resolved = []
+    for target, kind in zip(spec.targets, kinds, strict=True):
+        if not importing or kind.before_import:
+            found = kind.find(target, spec.id)
+            if found is None:
+                return None
+            resolved.append(found)
+            continue
+        try:
+            resolved.append(kind.resolve(target, spec.id))
+        except TargetMissing as exc:
+            return _absent_reason(spec, target.attribute, str(exc))
+    return tuple(resolved)
+
+
+def _absent_reason(spec: BackportSpec, attribute: str, why: str) -> str:
+    """Which target is missing; where the entry has others, that only this part is."""
+    if len(spec.targets) == 1:
+        return f"no {attribute}: {why}"
+    others = " and ".join(t.attribute for t in spec.targets if t.attribute != attribute)
+    return f"no {attribute} (the part of the fix beside {others}): {why}"
+
+
+def _target_evidence(
+    spec: BackportSpec, kinds: Sequence[Kind], targets: Sequence[Any], evidence: dict[str, Any]
+) -> None:
+    shown = [
+        kind.evidence(target, resolved)
+        for target, kind, resolved in zip(spec.targets, kinds, targets, strict=True)
+    ]
+    evidence["target"] = shown[0]
+    evidence["targets"] = shown
+
+
+def _refusal(
+    spec: BackportSpec, kinds: Sequence[Kind], targets: Sequence[Any], reads: list[str]
+) -> str | None:
+    """Why some target must not be patched, or None. ``reads`` concern the first target
+    (the vendored module reads its globals from the first target's module)."""
+    for index, (target, kind, resolved) in enumerate(
+        zip(spec.targets, kinds, targets, strict=True)
+    ):
+        problem = kind.refusal(target, resolved, reads if index == 0 else [])
+        if problem is not None:
+            return problem
+    return None
+
+
+def _caching() -> bool:
+    return verdict_cache.enabled()
+
+
+def _cache_key(
+    spec: BackportSpec,
+    kinds: Sequence[Kind],
+    targets: Sequence[Any],
+    early: Early,
+    in_child: bool,
+    plugin: tuple[str, str] | None,
+) -> dict[str, Any] | None:
+    if early.hashes is None:
+        return None
+    try:
+        fingerprints = [
+            kind.fingerprint(target, resolved)
+            for target, kind, resolved in zip(spec.targets, kinds, targets, strict=True)
+        ]
+        return verdict_cache.key(
+            spec,
+            early.hashes.every_file(),
+            fingerprints,
+            child_path=children.child_path() if in_child else None,
+            plugin=plugin,
+        )
+    except Exception as exc:  # an optimisation only: never a reason to fail or to skip
+        _LOG.debug("verdict cache not used for %s: %r", spec.id, exc)
+        return None
+
+
+def _from_cache(
+    spec: BackportSpec,
+    mode: str,
+    key: dict[str, Any] | None,
+    evidence: dict[str, Any],
+    targets: tuple[Any, ...],
+) -> Decision | None:
+    """The verdict a process of this environment proved for the very same key, with what
+    describes this process (the targets as found here) read afresh."""
+    if key is None:
+        return None
+    hit = verdict_cache.load(spec, key, upstream_only=mode == UPSTREAM_ONLY)
+    if hit is None:
+        return None
+    stored, path = hit
+    kept = {**stored["evidence"], "target": evidence["target"], "targets": evidence["targets"]}
+    kept["cache"] = {"hit": True, "file": str(path)}
+    return Decision(spec, mode, Verdict(stored["verdict"]), stored["reason"], kept, targets)
+
+
+def _keep(spec: BackportSpec, key: dict[str, Any] | None, decision: Decision) -> None:
+    """Store a verdict the sniff decided, for the next process with the same key."""
+    if key is None or decision.verdict is None:
+        return
+    kept = verdict_cache.store(spec, key, str(decision.verdict), decision.reason, decision.evidence)
+    decision.evidence["cache"] = {"hit": False, "file": None if kept is None else str(kept)}
+
+
+def _replacements(
+    spec: BackportSpec, mode: str, targets: Sequence[Any], module: ModuleType | None = None
+) -> Replacements:
+    """What replaces each target, built once from the vendored module (or ``module``: a
+    candidate a sync is about to write): it reads its globals from the first target's
+    module; the local changes wrap the first target's replacement."""
+    if module is None:
+        module = vendored_module(spec.vendored)
+    module.__target_module__ = targets[0].module_name  # type: ignore[attr-defined]
+    alone = tuple(kind_of(target).replacement(target, module) for target in spec.targets)
+    installed = list(alone)
+    if mode == WITH_LOCAL_CHANGES and spec.local_changes:
+        installed[0] = wrap_all(alone[0], spec.local_changes)
+    return Replacements(alone, tuple(installed))
+
+
+def _unsniffed(
+    spec: BackportSpec, mode: str, evidence: dict[str, Any], targets: tuple[Any, ...]
+) -> Decision:
+    """A backport whose sniff starts child interpreters, decided in a job's process where
+    the verdict cache has no answer: installed on the evidence that needs no sniff (the
+    version does not say it landed); ``backports status`` runs the sniff and keeps it."""
+    version = describe(spec.target.distribution, evidence["distribution"])
+    evidence["behaviour"] = {"sniffed": False}
+    reason = (
+        f"{version}: not sniffed in this process (the sniff starts child interpreters; "
+        "`backports status` runs it and keeps the verdict for every process)"
+    )
+    return Decision(spec, mode, Verdict.NEEDED, reason, evidence, targets)
+
+
+def _sniffed(
+    spec: BackportSpec,
+    mode: str,
+    evidence: dict[str, Any],
+    targets: tuple[Any, ...],
+    in_child: bool,
+) -> Decision:
+    """The sniff on the installed code, then (where it lacks the fix) on the replacement."""
+    evidence["git"] = git_evidence(spec, evidence)
+    stock = [
+        kind_of(target).stock(target, resolved)
+        for target, resolved in zip(spec.targets, targets, strict=True)
+    ]
+    built: Replacements | Exception | None = None
+    if in_child:
+        # Each child spends seconds importing torch and megatron: the vendored code's
+        # children start beside the installed code's (also when the latter has the fix).
+        built = _built_or_error(spec, mode, targets)
+        sets = [stock]
+        if not isinstance(built, Exception) and stub_of(built.alone) is None:
+            sets.append(_alone(spec, targets, built))
+        outcomes = run_sniffs(spec, sets, in_child=True)
+    else:
+        outcomes = run_sniffs(spec, [stock], in_child=False)
+    first = outcomes[0]
+    if isinstance(first, NotImplementedError):  # a scaffold's skeleton: not a probe failure
+        evidence["unfinished"] = True
+        reason = f"the entry is unfinished: its sniff raised NotImplementedError: {first}"
+        return Decision(spec, mode, Verdict.INCOMPATIBLE, reason, evidence, targets)
+    if isinstance(first, BaseException):
+        raise first
+    landed, lacks = behaviour_reasons(spec, first, evidence)
+    if landed is not None:
+        return Decision(spec, mode, Verdict.UPSTREAM, landed, evidence, targets)
+    if built is None:
+        built = _built_or_error(spec, mode, targets)
+    if isinstance(built, Exception):
+        error = one_line(built)
+        evidence["vendored_behaviour"] = {"import_error": error}
+        reason = f"{folder_name(spec)} cannot be imported: {error}"
+        return Decision(spec, mode, Verdict.INCOMPATIBLE, reason, evidence, targets)
+    if len(outcomes) > 1:
+        alone = _as_result(outcomes[1])
+    else:
+        alone = _sniff_replacement(spec, targets, built, False, in_child)
+    composed = None if mode == UPSTREAM_ONLY else alone
+    if composed is not None and spec.local_changes:
+        composed = _sniff_replacement(spec, targets, built, True, in_child)
+    evidence["vendored_behaviour"] = vendored_behaviour(alone, composed)
+    if alone.detail.get("unfinished"):
+        evidence["unfinished"] = True
+    unproven = unproven_reason(folder_name(spec), alone, composed)
+    if unproven is not None:
+        return Decision(spec, mode, Verdict.INCOMPATIBLE, unproven, evidence, targets)
+    return Decision(spec, mode, Verdict.NEEDED, lacks, evidence, targets, built)
+
+
+def _built_or_error(
+    spec: BackportSpec, mode: str, targets: Sequence[Any]
+) -> Replacements | Exception:
+    try:
+        return _replacements(spec, mode, targets)
+    except Exception as exc:  # the vendored module cannot be imported, or lacks a name
+        return exc
+
+
+def _alone(spec: BackportSpec, targets: Sequence[Any], built: Replacements) -> list[Any]:
+    return stand_ins(spec, targets, built.alone, composed=False)
+
+
+def _as_result(outcome: SniffResult | BaseException) -> SniffResult:
+    """A sniff's outcome on the replacement: what it raised is "not shown fixed"."""
+    if isinstance(outcome, SniffResult):
+        return outcome
+    first_line = (str(outcome).splitlines() or [""])[0]
+    raised = f"{type(outcome).__name__}: {first_line}" if first_line else type(outcome).__name__
+    detail = {"raised": raised, "unfinished": isinstance(outcome, NotImplementedError)}
+    return SniffResult(False, f"the sniff raised {raised}", detail)
+
+
+def _sniff_replacement(
+    spec: BackportSpec,
+    targets: Sequence[Any],
+    built: Replacements,
+    composed: bool,
+    in_child: bool = False,
+) -> SniffResult:
+    """The entry's sniff on what the applier would install: the vendored objects alone, or
+    the first composed with the local changes. A stub (``backports new`` leaves the
+    replacement raising NotImplementedError) is known without running it."""
+    stub = stub_of(built.alone)
+    if stub is not None:
+        summary = f"{stub} is a stub: its body only raises NotImplementedError"
+        return SniffResult(False, summary, {"stub": stub, "unfinished": True})
+    try:
+        shown = stand_ins(spec, targets, built.alone, composed)
+    except Exception as exc:
+        return _as_result(exc)
+    (outcome,) = run_sniffs(spec, [shown], in_child=in_child)
+    return _as_result(outcome)
+
+
+def _with_existing(decision: Decision, kinds: Sequence[Kind]) -> Decision:
+    """A ``needed`` decision notes the objects built before the install that a constructor
+    fix cannot reach (``Kind.existing``)."""
+    if decision.verdict is not Verdict.NEEDED:
+        return decision
+    counts = {}
+    for target, kind, resolved in zip(decision.spec.targets, kinds, decision.targets, strict=True):
+        count = kind.existing(resolved)
+        if count:
+            counts[f"{resolved.module_name}.{target.owner_name or target.attribute}"] = count
+    if counts:
+        decision.evidence["existing_instances"] = counts
+        listed = ", ".join(f"{count} {name}" for name, count in counts.items())
+        decision.reason += f" [built already, not reached by the constructor fix: {listed}]"
+    return decision
+
+
+def sniff_vendored(spec: BackportSpec, module: ModuleType, *, upstream_only: bool) -> SniffResult:
+    """The entry's sniff on what the applier would install from ``module`` (the vendored
+    module, or a candidate), its targets resolved here (importing their modules):
+    upstream-only, or the first composed with the local changes. Never raises: what fails
+    is "not shown fixed", named in the summary."""
+    try:
+        targets = [kind_of(target).resolve(target, spec.id) for target in spec.targets]
+        mode = UPSTREAM_ONLY if upstream_only else WITH_LOCAL_CHANGES
+        built = _replacements(spec, mode, targets, module)
+    except Exception as exc:
+        return _as_result(exc)
+    in_child = spec.sniff_in_child or any(kind_of(t).sniff_in_child for t in spec.targets)
+    return _sniff_replacement(spec, targets, built, not upstream_only, in_child)

@@ -1,0 +1,123 @@
+"""The verdict's reasons: what the sniffs showed, cross-checked with version and git.
+
+Behaviour decides between ``upstream`` and ``needed``; the version (``fixed_in``) and git
+ancestry of a source checkout are cross-checks, and a disagreement is written into the
+reason. A ``needed`` verdict also needs the replacement shown to carry the fix: the sniff on
+the vendored code, upstream-only and (in the default mode) with the local changes.
+"""
+
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+from ..evidence.git_ancestry import commit_ancestry
+from ..evidence.versions import describe
+from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec, SniffResult
+
+__all__ = [
+    "behaviour_reasons",
+    "git_evidence",
+    "one_line",
+    "shown",
+    "unproven_reason",
+]
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line (a message may hold newlines)."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
+
+
+def _version_claim(spec: BackportSpec, evidence: dict[str, Any]) -> bool | None:
+    """What the version alone says: fixed (True), not fixed (False), or no release knows."""
+    version = evidence["distribution"]["version"]
+    if version is None or spec.fixed_in is None:
+        return None
+    installed = Version(version)
+    same_release = Version(installed.base_version) == Version(spec.fixed_in.base_version)
+    if installed.is_prerelease and same_release:
+        return None  # a pre-release of the fixing release may or may not carry the fix
+    return installed >= spec.fixed_in
+
+
+def _cross_checks(spec: BackportSpec, fixed: bool, evidence: dict[str, Any]) -> list[str]:
+    notes = []
+    claim = _version_claim(spec, evidence)
+    if claim is not None and claim != fixed:
+        says = "has" if claim else "lacks"
+        notes.append(f"version {evidence['distribution']['version']} {says} the fix by number")
+    contains = evidence.get("git", {}).get("contains", {})
+    if any(contains.values()) != fixed and any(v is not None for v in contains.values()):
+        says = "contains" if any(contains.values()) else "does not contain"
+        notes.append(f"the git checkout {says} {spec.id}'s commits")
+    return notes
+
+
+def behaviour_reasons(
+    spec: BackportSpec, sniff: SniffResult, evidence: dict[str, Any]
+) -> tuple[str | None, str]:
+    """Record what the sniff on the installed code showed, cross-checked with version and
+    git; the reason it has landed (None while it has not), and the reason it is needed."""
+    evidence["behaviour"] = {"fixed": sniff.fixed, **sniff.detail}
+    notes = _cross_checks(spec, sniff.fixed, evidence)
+    suffix = f" (disagrees: {'; '.join(notes)})" if notes else ""
+    version = describe(spec.target.distribution, evidence["distribution"])
+    if sniff.fixed:
+        return (
+            f"{version} already has the fix: {sniff.summary}{suffix}. {spec.delete_when_landed}",
+            "",
+        )
+    return None, f"{version} lacks the fix: {sniff.summary}{suffix}"
+
+
+def git_evidence(spec: BackportSpec, evidence: dict[str, Any]) -> dict[str, Any]:
+    upstream = evidence["upstream"]
+    package_dir = evidence["distribution"]["package_dir"]
+    return commit_ancestry(
+        None if package_dir is None else Path(package_dir),
+        {
+            role: sha
+            for role, sha in (("merge", upstream["merge_sha"]), ("head", upstream["head_sha"]))
+            if sha  # an open pull request has no merge commit; a handwritten one may lack a head
+        },
+        distribution=spec.target.distribution,
+        package=evidence["distribution"]["package"],
+    )
+
+
+def shown(result: SniffResult) -> dict[str, Any]:
+    """What the sniff on the vendored replacement showed, for the evidence (and the cache)."""
+    found: dict[str, Any] = {"fixed": result.fixed, "summary": result.summary}
+    found.update(
+        (key, result.detail[key])
+        for key in ("raised", "stub", "unfinished")
+        if key in result.detail
+    )
+    return found
+
+
+def vendored_behaviour(
+    alone: SniffResult, composed: SniffResult | None
+) -> dict[str, dict[str, Any]]:
+    """``evidence["vendored_behaviour"]``: per mode, what the sniff on the replacement showed
+    (a cached ``needed`` verdict must carry it: see verdict_cache)."""
+    modes = {UPSTREAM_ONLY: alone, WITH_LOCAL_CHANGES: composed}
+    return {mode: shown(result) for mode, result in modes.items() if result is not None}
+
+
+def unproven_reason(folder: str, alone: SniffResult, composed: SniffResult | None) -> str | None:
+    """Why the vendored code alone (``alone``), or composed with the local changes in the
+    mode in force (``composed``), is not shown to carry the fix, or None."""
+    if alone.detail.get("unfinished"):
+        return f"{folder} is unfinished: {alone.summary}"
+    if not alone.fixed:
+        hidden = (
+            " (with the local changes it passes: they hide it)"
+            if composed is not None and composed.fixed
+            else ""
+        )
+        return f"{folder} lacks the fix, upstream-only: {alone.summary}{hidden}"
+    if composed is not None and not composed.fixed:
+        return f"{folder} with the local changes does not show the fix: {composed.summary}"
+    return None

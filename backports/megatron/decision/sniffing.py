@@ -1,0 +1,241 @@
+"""Running an entry's sniff: on the installed code, and on what the applier would install.
+
+The sniff is the entry's own code (a plugin's, perhaps): it runs bounded and contained.
+``run_sniff`` gives it a thread of its own and a time limit (a sniff that does not return
+is judged ``incompatible``, "sniff timed out after N s", while the job goes on), and puts
+back what it may have changed in the process: the working directory, ``sys.path``,
+``sys.meta_path``, the environment, and the ``random`` / numpy / torch generators.
+
+On the vendored code the sniff runs on stand-ins: each live resolved target with the
+replacement where the original stands (``Kind.stand_in``), undecorated. In the default mode
+the first target's replacement is the vendored function wrapped in the entry's local changes.
+Sniffs give the function they call private globals (``private_globals.with_globals``: a
+recording kernel in place of the real one); a copy of the outer local-change wrapper would
+not pass those on to the vendored function it closes over. So the stand-in is a small
+trampoline: a private copy of it carries the sniff's globals, and each call wraps a copy of
+the vendored function given those globals in the local changes, then calls that.
+"""
+
+import ast
+import builtins
+import contextlib
+import inspect
+import os
+import random
+import sys
+import textwrap
+import threading
+import time
+import types
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from ..kinds import kind_of
+from ..local_changes import wrap_all
+from ..model import BackportSpec, SniffFailed, SniffResult
+from ..private_globals import with_globals
+
+__all__ = [
+    "folder_name",
+    "run_sniff",
+    "run_sniffs",
+    "sniff_time_limit",
+    "sniffable",
+    "stand_ins",
+    "stub_of",
+]
+
+# Bounds on one sniff, in seconds: in this process (milliseconds as a rule), and one that
+# starts child interpreters (each imports torch and megatron: tens of seconds on a busy
+# machine). MEGATRON_BACKPORTS_SNIFF_TIMEOUT overrides both.
+IN_PROCESS_LIMIT_S = 60.0
+IN_CHILD_LIMIT_S = 600.0
+TIMEOUT = "MEGATRON_BACKPORTS_SNIFF_TIMEOUT"
+
+
+def folder_name(spec: BackportSpec) -> str:
+    """``vendor/<folder>``, as a person finds the entry's vendored code."""
+    return f"vendor/{spec.vendored.package.rpartition('.')[2]}"
+
+
+def sniff_time_limit(in_child: bool) -> float:
+    raw = os.environ.get(TIMEOUT, "").strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if value > 0:
+        return value
+    return IN_CHILD_LIMIT_S if in_child else IN_PROCESS_LIMIT_S
+
+
+@contextlib.contextmanager
+def _process_state_kept() -> Iterator[None]:
+    """Put back what a sniff may change in the process: cwd, ``sys.path``,
+    ``sys.meta_path``, the environment (only the keys it changed), the generators."""
+    cwd = os.getcwd()
+    path, meta_path = list(sys.path), list(sys.meta_path)
+    environ = dict(os.environ)
+    generators = _generator_states()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.chdir(cwd)
+        if sys.path != path:
+            sys.path[:] = path
+        if sys.meta_path != meta_path:
+            sys.meta_path[:] = meta_path
+        _put_back_environ(environ)
+        _set_generator_states(generators)
+
+
+def _put_back_environ(before: dict[str, str]) -> None:
+    now = dict(os.environ)
+    for name in now.keys() - before.keys():
+        os.environ.pop(name, None)
+    for name, value in before.items():
+        if now.get(name) != value:
+            os.environ[name] = value
+
+
+def _generator_states() -> dict[str, Any]:
+    """The states of the random generators a training job seeds (numpy and torch only if
+    the process imported them: nothing is imported here)."""
+    states: dict[str, Any] = {"random": random.getstate()}
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        states["numpy"] = numpy.random.get_state()
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "get_rng_state"):
+        states["torch"] = torch.get_rng_state()
+    return states
+
+
+def _set_generator_states(states: dict[str, Any]) -> None:
+    random.setstate(states["random"])
+    if "numpy" in states:
+        sys.modules["numpy"].random.set_state(states["numpy"])
+    if "torch" in states:
+        sys.modules["torch"].set_rng_state(states["torch"])
+
+
+def run_sniffs(
+    spec: BackportSpec, target_sets: Sequence[Sequence[Any]], *, in_child: bool
+) -> list[SniffResult | BaseException]:
+    """``spec.sniff(targets)`` for each set of targets, each in a thread of its own, side by
+    side (a sniff that starts child interpreters waits on them), within the time limit, with
+    the process state put back afterwards. Per set: the ``SniffResult``, or what the sniff
+    raised (``SniffFailed`` when it timed out, ``TypeError`` for a result of another type)."""
+    limit = sniff_time_limit(in_child)
+    outcomes: list[list[Any]] = [[] for _ in target_sets]
+
+    def sniff(targets: Sequence[Any], outcome: list[Any]) -> None:
+        try:
+            outcome.append(spec.sniff(targets))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    with _process_state_kept():
+        threads = [
+            threading.Thread(
+                target=sniff,
+                args=(targets, outcome),
+                name=f"backports-sniff-{spec.id}",
+                daemon=True,
+            )
+            for targets, outcome in zip(target_sets, outcomes, strict=True)
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + limit  # the threads run side by side: one limit for all
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    return [_outcome(outcome, limit) for outcome in outcomes]
+
+
+def _outcome(outcome: list[Any], limit: float) -> SniffResult | BaseException:
+    if not outcome:
+        return SniffFailed(f"sniff timed out after {limit:g} s")
+    result = outcome[0]
+    if isinstance(result, SniffResult | BaseException):
+        return result
+    return TypeError(f"the sniff returned {type(result).__name__}, not a SniffResult")
+
+
+def run_sniff(spec: BackportSpec, targets: Sequence[Any], *, in_child: bool) -> SniffResult:
+    """``run_sniffs`` for one set of targets; raises what the sniff raised."""
+    (result,) = run_sniffs(spec, [targets], in_child=in_child)
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def stub_of(functions: Sequence[Any]) -> str | None:
+    """The qualified name of the first replacement whose body (past a docstring) is one
+    ``raise NotImplementedError``, as ``backports new`` leaves it; None when there is none."""
+    for function in functions:
+        if _is_stub(function):
+            return str(getattr(function, "__qualname__", repr(function)))
+    return None
+
+
+def _is_stub(function: Any) -> bool:
+    code = getattr(function, "__code__", None)
+    if code is None or "NotImplementedError" not in code.co_names:
+        return False  # the common case, decided without reading the source
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    definition = tree.body[0] if tree.body else None
+    if not isinstance(definition, ast.FunctionDef | ast.AsyncFunctionDef):
+        return False
+    body = definition.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    if len(body) != 1 or not isinstance(body[0], ast.Raise):
+        return False
+    raised = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
+    return isinstance(raised, ast.Name) and raised.id == "NotImplementedError"
+
+
+def stand_ins(
+    spec: BackportSpec, targets: Sequence[Any], replacements: Sequence[Any], composed: bool
+) -> list[Any]:
+    """Each live target with what the applier makes in its place (``replacements``: the
+    vendored objects alone, in catalog order); ``composed``: the first in the local changes."""
+    shown = list(replacements)
+    if composed and spec.local_changes:
+        shown[0] = sniffable(shown[0], spec)
+    return [
+        kind_of(target).stand_in(target, resolved, replacement)
+        for target, resolved, replacement in zip(spec.targets, targets, shown, strict=True)
+    ]
+
+
+def _trampoline(*args: Any, **kwargs: Any) -> Any:
+    # Runs with the globals ``sniffable`` gives it (or a sniff's private copy of them):
+    # ``_call`` is defined there, never in this module.
+    return _call(globals(), args, kwargs)  # type: ignore[name-defined]  # noqa: F821
+
+
+def sniffable(vendored: Callable[..., Any], spec: BackportSpec) -> Any:
+    """The vendored function in the local changes, as a function whose private globals (a
+    sniff's ``with_globals``) reach the vendored function inside."""
+    composed = wrap_all(vendored, spec.local_changes)  # built once here: it must build
+    own: dict[str, Any] = {"__builtins__": builtins}
+
+    def call(namespace: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        overrides = {name: value for name, value in namespace.items() if name not in own}
+        inner = with_globals(vendored, overrides) if overrides else vendored
+        return wrap_all(inner, spec.local_changes)(*args, **kwargs)
+
+    own["_call"] = call
+    stand_in = types.FunctionType(_trampoline.__code__, own, getattr(composed, "__name__", None))
+    stand_in.__qualname__ = getattr(composed, "__qualname__", stand_in.__name__)
+    stand_in.__doc__ = getattr(composed, "__doc__", None)
+    # A callable without a signature leaves the trampoline's (*args, **kwargs).
+    with contextlib.suppress(TypeError, ValueError):
+        stand_in.__signature__ = inspect.signature(composed)  # type: ignore[attr-defined]
+    return stand_in

@@ -1,0 +1,155 @@
+"""Fingerprints of files and distributions: what a cached verdict is keyed on.
+
+A verdict proved in one process is reused in another only if every file and distribution
+that decided it is unchanged (``decision.verdict_cache``). These are the readings: a file's
+sha256, an installed distribution's version and RECORD, our own files by size and mtime,
+what each folder of ``sys.path`` offers an import. ``os.scandir``, not ``os.walk`` and
+``Path``: this runs in every process that imports megatron.
+"""
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from .one_look import remembered
+from .versions import installed_distribution
+
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent  # backports/megatron
+
+# What an import can reach in a folder of sys.path: a package or namespace folder, a module,
+# an extension; and the metadata of each distribution installed there.
+_MODULE_SUFFIXES = (".py", ".so", ".pyd")
+_INSTALLED_SUFFIXES = (".egg-link", ".egg")  # older installs: a link or an archive
+_METADATA = ("RECORD", "METADATA", "PKG-INFO")
+
+
+def sha256_file(path: Path | str) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+def files_below(folder: str) -> Iterator[os.DirEntry[str]]:
+    """Every file below ``folder`` but bytecode and temporary files, in a stable order."""
+    with os.scandir(folder) as listing:
+        entries = sorted(listing, key=lambda entry: entry.name)
+    for entry in entries:
+        if entry.is_dir():
+            if entry.name != "__pycache__":
+                yield from files_below(entry.path)
+        elif not entry.name.endswith((".pyc", ".tmp")):
+            yield entry
+
+
+def _read_our_code() -> dict[str, Any]:
+    digest = hashlib.sha256()
+    for entry in files_below(str(_PACKAGE_DIR)):
+        stat = entry.stat()
+        digest.update(f"{entry.path}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return {"dir": str(_PACKAGE_DIR), "files": digest.hexdigest()}
+
+
+def our_code() -> dict[str, Any]:
+    """Our own files, by size and mtime: an upgrade or an edit of the probe, the catalog or a
+    sniff changes what a verdict means (read once per look)."""
+    return remembered(("fingerprints", "our code"), _read_our_code)
+
+
+def _record(name: str) -> dict[str, Any] | None:
+    dist, record = installed_distribution(name)
+    if dist is None or record is None:
+        return None
+    return {
+        "name": name,
+        "version": dist.version,
+        "record_sha256": hashlib.sha256(record.encode()).hexdigest(),
+    }
+
+
+def distribution_of(name: str, module: str, source: str) -> dict[str, Any] | None:
+    """The installed distribution ``name`` (version, RECORD's sha256: a reinstall that
+    changes any file changes it) when ``source`` is its file of ``module``; None when it is
+    not (a source checkout or an editable install, whose other files RECORD does not follow)."""
+    key = remembered(("fingerprints", "record", name), lambda: _record(name))
+    if key is None:
+        return None
+    dist, _ = installed_distribution(name)
+    assert dist is not None
+    relative = module.replace(".", "/") + (
+        "/__init__.py" if source.endswith("__init__.py") else ".py"
+    )
+    owned = Path(str(dist.locate_file(relative)))
+    if not owned.is_file() or not owned.samefile(source):
+        return None
+    return dict(key)
+
+
+def module_file(module: str, path: Sequence[str] | None = None) -> Path | None:
+    """A module's source file as an interpreter searching ``path`` (default: this
+    ``sys.path``) finds it, importing nothing (importing a package of it may import the
+    module)."""
+    relative = Path(*module.split("."))
+    for entry in sys.path if path is None else path:
+        for candidate in (relative.with_suffix(".py"), relative / "__init__.py"):
+            found = Path(entry or ".") / candidate
+            if found.is_file():
+                return found
+    return None
+
+
+def _importable(name: str, entry: os.DirEntry[str]) -> bool:
+    """Whether ``import <stem>`` could find ``name``: a package folder named as a module,
+    or a module or extension file. Not ``__pycache__``, a README or a ``tmp-1234`` folder:
+    they come and go (in a working directory on the path, say) and no import reaches them."""
+    if name == "__pycache__":
+        return False
+    if name.endswith(_INSTALLED_SUFFIXES):
+        return True
+    if "." not in name:
+        return name.isidentifier() and entry.is_dir()
+    return name.partition(".")[0].isidentifier() and name.endswith(_MODULE_SUFFIXES)
+
+
+def _folder_contents(folder: str) -> list[Any]:
+    """What an import can find in one folder of ``sys.path``: the names of its packages,
+    modules and distributions, with the size and mtime of each distribution's metadata (a
+    reinstall rewrites RECORD). ``.pth`` files are left out: what they add to the path is
+    in ``sys.path`` itself."""
+    try:
+        listing = sorted(os.scandir(folder), key=lambda entry: entry.name)
+    except OSError:  # a zip file, a missing folder: its path alone stands for it
+        return []
+    found: list[Any] = []
+    for entry in listing:
+        name = entry.name
+        if name.endswith((".dist-info", ".egg-info")) and entry.is_dir():
+            stats = []
+            for meta in _METADATA:
+                try:
+                    status = os.stat(os.path.join(entry.path, meta))
+                except OSError:
+                    continue
+                stats.append([meta, status.st_size, status.st_mtime_ns])
+            found.append([name, stats])
+        elif _importable(name, entry):
+            found.append(name)
+    return found
+
+
+def _read_import_environment() -> str:
+    digest = hashlib.sha256()
+    for folder in sys.path:  # where each folder is, and their order
+        contents = _folder_contents(folder or ".")
+        if contents:
+            digest.update(json.dumps(contents).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def import_environment() -> str:
+    """sha256 over what every folder of ``sys.path`` offers an import. An install, an
+    upgrade or an uninstall by pip changes it; an edit in place of another package's file,
+    outside pip, does not (read once per look)."""
+    return remembered(("fingerprints", "environment"), _read_import_environment)

@@ -1,0 +1,233 @@
+"""The module-attribute kind: a module-level object that is not a function.
+
+A Triton kernel (``triton.jit``'s ``JITFunction``, an ``Autotuner`` around it), a constant, a
+table: code that reads it as a module global at call time sees a replacement put in its
+module. Like a function, it may have been imported by name elsewhere, so every module that
+binds it gets the replacement, and ``revert`` puts the very original object back at each.
+Such an object may not carry ``__backport__`` / ``__wrapped__``: the record of what was
+replaced is the installation kept on the session (``applied()`` and ``status`` read it there).
+"""
+
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from types import ModuleType
+from typing import Any
+
+from ..evidence.fingerprints import distribution_of, sha256_file
+from ..model import Target
+from ..session import SESSION
+from . import Part, Site
+from ._bindings import rebind_everywhere, restore_everywhere
+from .function import import_candidates
+
+__all__ = ["KIND", "ModuleAttribute", "ModuleAttributeKind", "ResolvedAttribute"]
+
+
+@dataclass(frozen=True)
+class ModuleAttribute(Target):
+    """A module-level object a backport replaces (``attribute`` is its name in the module).
+
+    ``type_name`` ("module:qualname", e.g. "triton.runtime.autotuner:Autotuner") is the type
+    the vendored replacement was written against: an object of another type is not the
+    target (``incompatible``). Empty: any type.
+    """
+
+    parameters: tuple[str, ...] = ()
+    type_name: str = ""
+
+
+@dataclass(frozen=True)
+class ResolvedAttribute:
+    """``module`` defines ``original`` as ``attribute``; ``installed`` is our replacement
+    when one is live (what stood there before it is ``original``)."""
+
+    imported_as: str
+    module: ModuleType
+    attribute: str
+    original: Any
+    installed: Any = None
+
+    @property
+    def module_name(self) -> str:
+        return self.module.__name__
+
+    @property
+    def name(self) -> str:
+        return self.attribute
+
+
+def _type_name(obj: object) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _ours(backport_id: str, module: ModuleType, attribute: str, held: Any) -> Any:
+    """What stood at the site before our installation, if ``held`` is our replacement."""
+    installation = SESSION.installed.get(backport_id)
+    for part in getattr(installation, "parts", ()):
+        resolved = part.resolved
+        if (
+            isinstance(resolved, ResolvedAttribute)
+            and resolved.module is module
+            and resolved.attribute == attribute
+            and part.replacement is held
+        ):
+            return resolved.original
+    return None
+
+
+def _in(module: ModuleType, target: Target, backport_id: str) -> ResolvedAttribute | None:
+    if target.attribute not in vars(module):
+        return None  # not defined here (a forwarder's getattr would hand another module's)
+    held = vars(module)[target.attribute]
+    before = _ours(backport_id, module, target.attribute, held)
+    if before is not None:
+        return ResolvedAttribute(module.__name__, module, target.attribute, before, held)
+    return ResolvedAttribute(module.__name__, module, target.attribute, held)
+
+
+class ModuleAttributeKind:
+    """Found in the module that defines it; replaced there and at every alias."""
+
+    name = "module-attribute"
+    before_import = False
+    sniff_in_child = False
+
+    def find(self, target: Target, backport_id: str) -> ResolvedAttribute | None:
+        for name in target.modules:
+            module = sys.modules.get(name)
+            if module is not None:
+                found = _in(module, target, backport_id)
+                if found is not None:
+                    return found
+        return None
+
+    def resolve(self, target: Target, backport_id: str) -> ResolvedAttribute:
+        found: ResolvedAttribute = import_candidates(
+            target, lambda module: _in(module, target, backport_id)
+        )
+        return found
+
+    def refusal(
+        self, target: Target, resolved: ResolvedAttribute, reads: Sequence[str]
+    ) -> str | None:
+        wanted = getattr(target, "type_name", "")
+        actual = _type_name(resolved.original)
+        if wanted and actual != wanted:
+            return f"{resolved.module_name}.{target.attribute} is a {actual}, expected {wanted}"
+        needed = dict.fromkeys([*target.helpers, *reads])
+        missing = [name for name in needed if name not in vars(resolved.module)]
+        if missing:
+            return f"{resolved.module_name} lacks {', '.join(missing)}"
+        return None
+
+    def fingerprint(self, target: Target, resolved: ResolvedAttribute) -> dict[str, Any] | None:
+        if resolved.installed is not None:
+            return None
+        source = getattr(resolved.module, "__file__", None)
+        if not source:
+            return None
+        distribution = distribution_of(target.distribution, resolved.module_name, str(source))
+        if distribution is None:
+            return None
+        return {
+            "module": resolved.module_name,
+            "attribute": target.attribute,
+            "file": str(source),
+            "file_sha256": sha256_file(source),
+            "type": _type_name(resolved.original),
+            "distribution": distribution,
+        }
+
+    def stock(self, target: Target, resolved: ResolvedAttribute) -> ResolvedAttribute:
+        return resolved
+
+    def replacement(self, target: Target, vendored_module: ModuleType) -> Any:
+        return getattr(vendored_module, target.replacement_name)
+
+    def stand_in(
+        self, target: Target, resolved: ResolvedAttribute, replacement: Any
+    ) -> ResolvedAttribute:
+        return replace(resolved, original=replacement, installed=None)
+
+    def aliases(self, resolved: ResolvedAttribute) -> list[object]:
+        olds = [resolved.original]
+        if resolved.installed is not None:
+            olds.append(resolved.installed)
+        return olds
+
+    def install(
+        self,
+        backport_id: str,
+        target: Target,
+        resolved: ResolvedAttribute,
+        replacement: Any,
+        markers: dict[str, Any],
+        aliases: dict[int, list[Site]],
+    ) -> Part:
+        held = vars(resolved.module).get(resolved.attribute)
+        olds = self.aliases(resolved)
+        if not any(held is old for old in olds):
+            raise LookupError(f"{resolved.module_name}.{resolved.attribute} is not the original")
+        defining = (resolved.module_name, resolved.attribute)
+        sites = rebind_everywhere(defining, olds, replacement, aliases)
+        return Part(self, backport_id, target, resolved, replacement, sites)
+
+    def uninstall(self, part: Part) -> None:
+        resolved: ResolvedAttribute = part.resolved
+        defining = (resolved.module_name, resolved.attribute)
+        restore_everywhere(part.sites, part.replacement, resolved.original, defining)
+        # The module object patched at install time, even when a fresh import replaced it.
+        if vars(resolved.module).get(resolved.attribute) is part.replacement:
+            setattr(resolved.module, resolved.attribute, resolved.original)
+
+    def is_live(self, part: Part) -> bool:
+        resolved: ResolvedAttribute = part.resolved
+        module = sys.modules.get(resolved.module_name)
+        return module is resolved.module and (
+            vars(module).get(resolved.attribute) is part.replacement
+        )
+
+    def bound(self, resolved: ResolvedAttribute) -> Any:
+        return vars(resolved.module).get(resolved.attribute)
+
+    def evidence(self, target: Target, resolved: ResolvedAttribute) -> dict[str, Any]:
+        return {
+            "module": resolved.module_name,
+            "imported_as": resolved.imported_as,
+            "attribute": target.attribute,
+            "kind": self.name,
+            "type": _type_name(resolved.original),
+            "installed": resolved.installed is not None,
+        }
+
+    def existing(self, resolved: ResolvedAttribute) -> int:
+        return 0
+
+    def after_install(self, parts: Sequence[Part]) -> tuple[str, dict[str, Any]]:
+        return "", {}
+
+    def reverted(self, parts: Sequence[Part]) -> str:
+        where = ", ".join(f"{m}.{a}" for part in parts for m, a in part.sites)
+        return f"restored the original at {where}"
+
+    @contextlib.contextmanager
+    def unlike_any_version(self, target: Target, resolved: ResolvedAttribute) -> Iterator[bool]:
+        if not getattr(target, "type_name", ""):
+            yield False  # any type is accepted: no shape to differ
+            return
+        held = vars(resolved.module)[resolved.attribute]
+        setattr(resolved.module, resolved.attribute, _Unlike())
+        try:
+            yield True
+        finally:
+            setattr(resolved.module, resolved.attribute, held)
+
+
+class _Unlike:
+    """An object of a type no version of any target has."""
+
+
+KIND = ModuleAttributeKind()
