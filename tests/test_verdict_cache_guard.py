@@ -265,9 +265,9 @@ def test_off_the_guard_is_probed(site, cache, monkeypatch):
     monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE", "0")
     probed: list[str] = []
 
-    def sniffed(spec, mode, evidence, targets, in_child):
+    def sniffed(spec, mode, early, targets, in_child):
         probed.append(spec.id)
-        return decision.Decision(spec, mode, Verdict.NEEDED, "probed", evidence, targets)
+        return decision.Decision(spec, mode, Verdict.NEEDED, "probed", early.evidence, targets)
 
     monkeypatch.setattr(decision, "_sniffed", sniffed)
     assert probe(spec, upstream_only=True).reason == "probed"

@@ -15,7 +15,6 @@ from types import ModuleType
 from typing import Any
 
 from .. import children
-from ..evidence.versions import describe
 from ..kinds import Kind, TargetMissing, kind_of
 from ..local_changes import wrap_all
 from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec, SniffResult
@@ -121,9 +120,8 @@ def _judge_targets(
     kinds = [kind_of(target) for target in spec.targets]
     located = _locate(spec, kinds, importing)
     if located is None:
-        version = describe(spec.target.distribution, evidence["distribution"])
         reason = (
-            f"{version} is not imported yet: the behaviour probe runs, and the backport "
+            f"{early.version} is not imported yet: the behaviour probe runs, and the backport "
             f"installs if needed, when {spec.target.modules[-1]} is imported"
         )
         return Decision(spec, mode, None, reason, evidence)
@@ -138,9 +136,9 @@ def _judge_targets(
     key = _cache_key(spec, kinds, targets, early, in_child, plugin) if _caching() else None
     decision = _from_cache(spec, mode, key, evidence, targets)
     if decision is None and in_child and not child_sniffs:
-        decision = _unsniffed(spec, mode, evidence, targets)
+        decision = _unsniffed(spec, mode, early, targets)
     if decision is None:
-        decision = _sniffed(spec, mode, evidence, targets, in_child)
+        decision = _sniffed(spec, mode, early, targets, in_child)
         _keep(spec, key, decision)
     return _with_existing(decision, kinds)
 
@@ -285,15 +283,15 @@ def _replacements(
 
 
 def _unsniffed(
-    spec: BackportSpec, mode: str, evidence: dict[str, Any], targets: tuple[Any, ...]
+    spec: BackportSpec, mode: str, early: Early, targets: tuple[Any, ...]
 ) -> Decision:
     """A backport whose sniff starts child interpreters, decided in a job's process where
     the verdict cache has no answer: installed on the evidence that needs no sniff (the
     version does not say it landed); ``backports status`` runs the sniff and keeps it."""
-    version = describe(spec.target.distribution, evidence["distribution"])
+    evidence = early.evidence
     evidence["behaviour"] = {"sniffed": False}
     reason = (
-        f"{version}: not sniffed in this process (the sniff starts child interpreters; "
+        f"{early.version}: not sniffed in this process (the sniff starts child interpreters; "
         "`backports status` runs it and keeps the verdict for every process)"
     )
     return Decision(spec, mode, Verdict.NEEDED, reason, evidence, targets)
@@ -302,11 +300,12 @@ def _unsniffed(
 def _sniffed(
     spec: BackportSpec,
     mode: str,
-    evidence: dict[str, Any],
+    early: Early,
     targets: tuple[Any, ...],
     in_child: bool,
 ) -> Decision:
     """The sniff on the installed code, then (where it lacks the fix) on the replacement."""
+    evidence = early.evidence
     evidence["git"] = git_evidence(spec, evidence)
     stock = [
         kind_of(target).stock(target, resolved)
@@ -330,7 +329,7 @@ def _sniffed(
         return Decision(spec, mode, Verdict.INCOMPATIBLE, reason, evidence, targets)
     if isinstance(first, BaseException):
         raise first
-    landed, lacks = behaviour_reasons(spec, first, evidence)
+    landed, lacks = behaviour_reasons(spec, first, evidence, early.version)
     if landed is not None:
         return Decision(spec, mode, Verdict.UPSTREAM, landed, evidence, targets)
     if built is None:

@@ -68,6 +68,9 @@ class Early:
     reason: str
     evidence: dict[str, Any] = field(default_factory=dict)
     hashes: FolderHashes | None = None
+    # "megatron-core 0.19.2" (saying so where the imported code is another tree): every
+    # reason names what it judged.
+    version: str = ""
 
 
 def _integrity(upstream: dict[str, Any], hashes: FolderHashes, module: str) -> Integrity:
@@ -116,9 +119,9 @@ def _other_distributions(spec: BackportSpec) -> dict[str, dict[str, str | None]]
     return others
 
 
-def _predates(spec: BackportSpec, installed: Version, evidence: dict[str, Any]) -> str | None:
-    """Why the installed release predates what the backport fixes, or None."""
-    version = describe(spec.target.distribution, evidence["distribution"])
+def _predates(spec: BackportSpec, installed: Version, version: str) -> str | None:
+    """Why the installed release (``version``, described) predates what the backport
+    fixes, or None."""
     if release_predates(installed, spec.target_since):
         attributes = " and ".join(target.attribute for target in spec.targets)
         return f"{version} predates {spec.target_since}, the first release with {attributes}"
@@ -154,7 +157,8 @@ def early_evidence(spec: BackportSpec) -> Early:
     missing = [name for name, info in others.items() if info["version"] is None]
     if missing:
         return Early(Verdict.ABSENT, f"{', '.join(missing)} is not installed", evidence, hashes)
-    predates = _predates(spec, installed.version, evidence)
+    version = describe(spec.target.distribution, evidence["distribution"])
+    predates = _predates(spec, installed.version, version)
     if predates is not None:
-        return Early(Verdict.ABSENT, predates, evidence, hashes)
-    return Early(None, "targets not judged yet", evidence, hashes)
+        return Early(Verdict.ABSENT, predates, evidence, hashes, version)
+    return Early(None, "targets not judged yet", evidence, hashes, version)

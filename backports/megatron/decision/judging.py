@@ -12,7 +12,6 @@ from typing import Any
 from packaging.version import Version
 
 from ..evidence.git_ancestry import commit_ancestry
-from ..evidence.versions import describe
 from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec, SniffResult
 
 __all__ = [
@@ -55,14 +54,14 @@ def _cross_checks(spec: BackportSpec, fixed: bool, evidence: dict[str, Any]) -> 
 
 
 def behaviour_reasons(
-    spec: BackportSpec, sniff: SniffResult, evidence: dict[str, Any]
+    spec: BackportSpec, sniff: SniffResult, evidence: dict[str, Any], version: str
 ) -> tuple[str | None, str]:
     """Record what the sniff on the installed code showed, cross-checked with version and
-    git; the reason it has landed (None while it has not), and the reason it is needed."""
+    git; the reason it has landed (None while it has not), and the reason it is needed.
+    ``version``: what was judged ("megatron-core 0.19.2")."""
     evidence["behaviour"] = {"fixed": sniff.fixed, **sniff.detail}
     notes = _cross_checks(spec, sniff.fixed, evidence)
     suffix = f" (disagrees: {'; '.join(notes)})" if notes else ""
-    version = describe(spec.target.distribution, evidence["distribution"])
     if sniff.fixed:
         return (
             f"{version} already has the fix: {sniff.summary}{suffix}. {spec.delete_when_landed}",
