@@ -6,6 +6,7 @@ fresh ``python -c`` processes, ``multiprocessing`` spawn children and two torchr
 (CPU, gloo) must all come up patched, with no ``PYTHONPATH`` or other help.
 """
 
+import ast
 import json
 import re
 import shutil
@@ -107,6 +108,37 @@ def test_hook_imports_only_the_package_when_megatron_is_never_imported(venv, app
     expected = "['backports', 'backports.megatron']"
     assert _ok(venv.run(["python", "-c", probe])).strip() == expected
     assert _ok(venv.run(["python", "-c", "pass"])) == ""
+
+
+# What a job's process must never load: the hook file's writer, the commands and their
+# helpers, the authoring and sync tools.
+NOT_AT_JOB_START = (
+    "backports.megatron.job.hook_file",
+    "backports.megatron.job.startup_hook",
+    "backports.megatron.cli",
+    "backports.megatron.commands",
+    "backports.megatron.table",
+    "backports.megatron.json_output",
+    "backports.megatron.import_notices",
+    "backports.megatron.audit",
+    "backports.megatron.check",
+    "backports.megatron.scaffold",
+    "backports.megatron.sync",
+    "backports.megatron.authoring",
+    "backports.megatron.upstream_tests",
+)
+
+
+def test_megatrons_first_import_loads_neither_the_hook_file_nor_the_commands(venv, applied):
+    """The trigger hands megatron's first import a hook named by string: what fires then is
+    the api and what it decides with, nothing a command uses."""
+    probe = (
+        "import sys, megatron.core\n"
+        "print(sorted(m for m in sys.modules if m.startswith('backports.')))"
+    )
+    loaded = ast.literal_eval(_ok(venv.run(["python", "-c", probe])).strip().splitlines()[-1])
+    assert "backports.megatron.api" in loaded and "backports.megatron.decision" in loaded
+    assert [m for m in loaded if m.startswith(NOT_AT_JOB_START)] == []
 
 
 def test_status_json_matches_status(venv):
@@ -261,8 +293,9 @@ def test_spawn_children_of_a_process_that_warned_stay_quiet(disposable_venv, tmp
 
 
 def _break_activation_module(venv) -> None:
-    """A half-upgraded or corrupted install: one of our modules no longer compiles."""
-    module = venv.site_packages / "backports" / "megatron" / "job_start.py"
+    """A half-upgraded or corrupted install: one of our modules no longer compiles (the
+    one the trigger imports at megatron's first lookup)."""
+    module = venv.site_packages / "backports" / "megatron" / "job" / "start_up.py"
     module.write_text("def (\n" + module.read_text())
 
 
@@ -316,7 +349,8 @@ def test_workers_reuse_the_verdict_until_the_installed_target_changes(disposable
     venv = disposable_venv
     target = _own_megatron_core(venv)
     _ok(venv.run(["backports", "apply"]))  # probes, and keeps the verdict in the venv
-    kept = venv.root / "var" / "cache" / "megatron-backports" / f"{BACKPORT_ID}.json"
+    # One file per backport and environment (the venv's interpreter names it).
+    (kept,) = (venv.root / "var" / "cache" / "megatron-backports").glob(f"{BACKPORT_ID}.*.json")
     assert json.loads(kept.read_text())["verdict"] == "needed"
     worker = _ok(venv.run(["python", "-c", _CACHE_STATE]))
     assert f"patched: {BACKPORT_ID}" in worker

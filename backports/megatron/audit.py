@@ -35,8 +35,9 @@ import importlib.util, json, sys
 from pathlib import Path
 out, ours, candidate, verbose, *only = sys.argv[1:]
 sys.path.insert(0, ours)  # this very copy of the tool, whatever the child finds first
-from backports.megatron import activation, import_notices
-activation.deactivate()  # the environment's hook file must not patch the candidate
+from backports.megatron import import_notices
+from backports.megatron.job.start_up import deactivate
+deactivate()  # the environment's hook file must not patch the candidate
 from backports.megatron.api import status
 
 

@@ -229,17 +229,21 @@ def _made(
 ) -> Any:
     """The object to put in the owner: a marked copy of the vendored function; for a
     decorated original, a marked shim around the live decorator applied to such a copy;
-    for a static method, that inside a marked ``staticmethod``."""
+    for a static method, that inside a ``staticmethod`` marked with the id too (what the
+    class hands out, the function inside, carries both markers: a ``staticmethod``'s own
+    ``__wrapped__`` is its function, read-only)."""
     made: Any = _copy_function(vendored)
     if resolved.decorated:
         if target.decorator is None:
             raise TypeError(f"{target.attribute} is decorated: no decorator declared")
         made = _shim(live_decorator(target.decorator)(made), made)
-    if isinstance(resolved.held, staticmethod):
-        made = staticmethod(made)
     made.__dict__.update(markers)
     made.__backport__ = backport_id
     made.__wrapped__ = resolved.held
+    if isinstance(resolved.held, staticmethod):
+        made = staticmethod(made)
+        made.__dict__.update(markers)
+        made.__backport__ = backport_id
     return made
 
 

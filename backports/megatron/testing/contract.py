@@ -110,7 +110,9 @@ def _apply_then_revert(spec: BackportSpec, upstream_only: bool) -> None:
             marker = getattr(part.replacement, "__backport__", None)
             if marker is not None:
                 assert marker == spec.id, f"{spec.id}: {part.replacement!r}"
-                wrapped = getattr(part.replacement, "__wrapped__", None)
+                # A static method's own __wrapped__ is its function: that one wraps.
+                inner = getattr(part.replacement, "__func__", part.replacement)
+                wrapped = getattr(inner, "__wrapped__", None)
                 assert wrapped is original, f"{spec.id}: {part.replacement!r}"
     finally:
         api.revert(spec.id)
@@ -184,11 +186,10 @@ _RELOAD = textwrap.dedent(
     deactivate()  # an environment's own start-up hook: apply() decides here
     spec = by_id(sys.argv[1])
     kinds = [kind_of(t) for t in spec.targets]
-    for target, kind in zip(spec.targets, kinds):  # every module imported (a guard's: none)
-        kind.resolve(target, spec.id)
+    found = [kind.resolve(t, spec.id) for t, kind in zip(spec.targets, kinds)]  # imported
     (report,) = [r for r in api.apply(spec.id) if r.id == spec.id]
     assert report.action.value == "installed", report
-    module = importlib.import_module(spec.targets[0].modules[0])
+    module = importlib.import_module(found[0].module_name)  # a guard's: imported here
     importlib.reload(module)  # runs the module again: its originals are bound anew
     installation = installed(spec.id)
     assert installation is not None, "not installed again after the reload"

@@ -1,0 +1,209 @@
+"""Target kinds on real megatron-core 0.19.2 objects: a module attribute that is no function
+(a Triton ``Autotuner``), a constructor (instances built before the install are counted), a
+static method behind its declared decorator (``custom_bwd`` on an ``autograd.Function``).
+Every kind is installed and reverted through the one installer, all or none."""
+
+import dataclasses
+import sys
+import types
+import warnings
+
+import pytest
+
+from backports.megatron import BackportWarning
+from backports.megatron.job.announce import announce
+from backports.megatron.kinds import kind_of
+from backports.megatron.kinds.constructor import Constructor
+from backports.megatron.kinds.install import installed, uninstall
+from backports.megatron.kinds.module_attribute import ModuleAttribute
+from backports.megatron.model import Target
+from backports.megatron.report import Action, Report, Verdict
+from tests.installing import install
+
+ROPE = "megatron.core.fusions.fused_mla_yarn_rope_apply"
+KERNEL = ModuleAttribute(
+    distribution="megatron-core",
+    modules=(ROPE,),
+    attribute="rotary_fwd_q_kernel",
+    type_name="triton.runtime.autotuner:Autotuner",
+)
+ID = "test-kinds"
+
+
+@pytest.fixture(autouse=True)
+def _uninstall():
+    yield
+    uninstall(ID)
+
+
+@pytest.fixture(scope="module")
+def rope() -> types.ModuleType:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return __import__(ROPE, fromlist=["rotary_fwd_q_kernel"])
+
+
+def test_a_module_attribute_is_replaced_at_every_binding_and_put_back_exactly(rope, monkeypatch):
+    kernel = rope.rotary_fwd_q_kernel
+    holder = types.ModuleType("holds_the_rope_kernel")
+    holder.q_kernel = kernel  # `from ... import rotary_fwd_q_kernel as q_kernel`
+    monkeypatch.setitem(sys.modules, holder.__name__, holder)
+    kind = kind_of(KERNEL)
+    resolved = kind.resolve(KERNEL, ID)
+    assert resolved.original is kernel and kind.refusal(KERNEL, resolved, []) is None
+    replacement = object()  # an object that cannot carry __backport__ (no __dict__)
+    installation, fresh = install(ID, [(KERNEL, resolved, replacement)])
+    assert fresh and rope.rotary_fwd_q_kernel is replacement and holder.q_kernel is replacement
+    assert set(installation.sites) >= {(ROPE, KERNEL.attribute), (holder.__name__, "q_kernel")}
+    # The record of what was replaced lives on the session, not on the object.
+    assert installed(ID) is installation and list(installation.replaced()) == [
+        (kernel, replacement)
+    ]
+    # Found again while installed: what stood there before is the original.
+    again = kind.resolve(KERNEL, ID)
+    assert again.original is kernel and again.installed is replacement
+    uninstall(ID)
+    assert rope.rotary_fwd_q_kernel is kernel and holder.q_kernel is kernel
+    assert installed(ID) is None
+
+
+def test_a_module_attribute_of_another_type_is_refused(rope, monkeypatch):
+    kind = kind_of(KERNEL)
+    monkeypatch.setattr(rope, "rotary_fwd_q_kernel", lambda: None)  # a function, say
+    problem = kind.refusal(KERNEL, kind.resolve(KERNEL, ID), [])
+    assert problem is not None and "expected triton.runtime.autotuner:Autotuner" in problem
+
+
+def test_a_module_attribute_rebound_by_someone_else_is_no_longer_live(rope, monkeypatch):
+    kernel = rope.rotary_fwd_q_kernel
+    install(ID, [(KERNEL, kind_of(KERNEL).resolve(KERNEL, ID), object())])
+    monkeypatch.setattr(rope, "rotary_fwd_q_kernel", kernel)  # a reload's effect
+    assert installed(ID) is None  # never reported as installed where it is not
+
+
+def test_a_bad_part_leaves_every_kind_as_it_was(rope, tilelang_dsa):
+    """A module attribute and a function in one entry: the second is refused, the first
+    (already rebound) is put back."""
+    kernel = rope.rotary_fwd_q_kernel
+    function = Target(
+        distribution="megatron-core",
+        modules=(tilelang_dsa.__name__,),
+        attribute="_can_use_fused_sparse_indexer_target",
+        parameters=("query", "key", "topk_indices"),
+    )
+    stale = dataclasses.replace(kind_of(function).resolve(function, ID), held=len, original=len)
+    with pytest.raises(LookupError, match="not the original"):
+        install(
+            ID,
+            [
+                (KERNEL, kind_of(KERNEL).resolve(KERNEL, ID), object()),
+                (function, stale, lambda query, key, topk_indices: False),
+            ],
+        )
+    assert rope.rotary_fwd_q_kernel is kernel and installed(ID) is None
+
+
+# ---- a constructor -------------------------------------------------------------------------
+
+CONFIG = "megatron.core.transformer.transformer_config"
+POST_INIT = Constructor(
+    distribution="megatron-core",
+    modules=(CONFIG,),
+    attribute="TransformerConfig.__post_init__",
+    parameters=("self",),
+)
+
+
+def _config():  # type: ignore[no-untyped-def]
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1)
+
+
+def test_a_constructor_counts_the_objects_built_before_it(tilelang_dsa):
+    kind = kind_of(POST_INIT)
+    resolved = kind.resolve(POST_INIT, ID)
+    before = kind.existing(resolved)
+    built = [_config(), _config()]
+    assert kind.existing(resolved) == before + len(built)
+    del built
+    assert kind.existing(resolved) == before
+    assert kind.evidence(POST_INIT, resolved)["kind"] == "constructor"
+
+
+def test_a_constructor_target_is_an_init_or_a_post_init():
+    with pytest.raises(ValueError, match="Class.__init__ or Class.__post_init__"):
+        from backports.megatron.model import BackportSpec
+        from packaging.version import Version
+
+        BackportSpec(
+            id="acme-1",
+            title="t",
+            targets=(dataclasses.replace(POST_INIT, attribute="TransformerConfig.clone"),),
+            target_since=Version("0.19"),
+            fixed_in=None,
+            sniff=lambda targets: None,  # type: ignore[arg-type,return-value]
+        )
+
+
+def test_an_install_that_cannot_reach_objects_built_before_it_is_the_jobs_one_warning():
+    report = Report(
+        ID,
+        Verdict.NEEDED,
+        Action.INSTALLED,
+        "lacks the fix [built already, not reached by the constructor fix: 2 x.Optimizer]",
+        {"existing_instances": {"x.Optimizer": 2}},
+    )
+    with pytest.warns(BackportWarning, match="2 x.Optimizer"):
+        announce(report)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        announce(report)  # once per job
+    quiet = Report(ID, Verdict.NEEDED, Action.INSTALLED, "lacks the fix", {})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        announce(quiet)  # an install alone is logged, not warned
+
+
+# ---- a static method behind its declared decorator ------------------------------------------
+
+LAYERS = "megatron.core.tensor_parallel.layers"
+BACKWARD = Target(
+    distribution="megatron-core",
+    modules=(LAYERS,),
+    attribute="LinearWithGradAccumulationAndAsyncCommunication.backward",
+    parameters=("ctx", "grad_output"),
+    decorator=f"{LAYERS}:custom_bwd",
+)
+
+
+def _vendored_backward(ctx, grad_output):  # type: ignore[no-untyped-def]
+    return ("vendored", grad_output)
+
+
+def test_a_decorated_static_method_is_replaced_on_its_class_and_put_back(tilelang_dsa):
+    from megatron.core.tensor_parallel import layers
+
+    owner = layers.LinearWithGradAccumulationAndAsyncCommunication
+    held = vars(owner)["backward"]
+    assert isinstance(held, staticmethod)
+    kind = kind_of(BACKWARD)
+    resolved = kind.resolve(BACKWARD, ID)
+    assert resolved.decorated and resolved.foreign is None
+    assert kind.refusal(BACKWARD, resolved, []) is None  # the body's signature
+    install(ID, [(BACKWARD, resolved, _vendored_backward)])
+    live = vars(owner)["backward"]
+    assert isinstance(live, staticmethod) and live.__backport__ == ID
+    # What the class hands out: the function inside, marked, wrapping what the class held.
+    assert owner.backward.__backport__ == ID and owner.backward.__wrapped__ is held
+    # Through the live decorator (custom_bwd reads the context's autocast state), then ours.
+    ctx = types.SimpleNamespace(_fwd_used_autocast=False, _dtype=None)
+    assert owner.backward(ctx, "grad") == ("vendored", "grad")
+    uninstall(ID)
+    assert vars(owner)["backward"] is held
+
+
+def test_a_static_method_without_its_declared_decorator_is_foreign(tilelang_dsa):
+    undeclared = dataclasses.replace(BACKWARD, decorator=None)
+    resolved = kind_of(undeclared).resolve(undeclared, ID)
+    assert resolved.foreign is not None and "wrapped by another patch" in resolved.foreign
