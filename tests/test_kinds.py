@@ -132,10 +132,11 @@ def test_a_constructor_counts_the_objects_built_before_it(tilelang_dsa):
 
 
 def test_a_constructor_target_is_an_init_or_a_post_init():
-    with pytest.raises(ValueError, match="Class.__init__ or Class.__post_init__"):
-        from backports.megatron.model import BackportSpec
-        from packaging.version import Version
+    from packaging.version import Version
 
+    from backports.megatron.model import BackportSpec
+
+    with pytest.raises(ValueError, match=r"Class\.__init__ or Class\.__post_init__"):
         BackportSpec(
             id="acme-1",
             title="t",

@@ -282,9 +282,7 @@ def _replacements(
     return Replacements(alone, tuple(installed))
 
 
-def _unsniffed(
-    spec: BackportSpec, mode: str, early: Early, targets: tuple[Any, ...]
-) -> Decision:
+def _unsniffed(spec: BackportSpec, mode: str, early: Early, targets: tuple[Any, ...]) -> Decision:
     """A backport whose sniff starts child interpreters, decided in a job's process where
     the verdict cache has no answer: installed on the evidence that needs no sniff (the
     version does not say it landed); ``backports status`` runs the sniff and keeps it."""
