@@ -414,3 +414,20 @@ def test_sigterm_stops_the_run_and_removes_its_folder(tmp_path: Path) -> None:
         process.kill()
     assert list(scratch.iterdir()) == []
     _gone(int(pid_file.read_text()))
+
+
+def test_the_table_tool_reads_each_json_file_and_says_which_held_none(tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    import upstream_tests_table
+
+    good = tmp_path / "upstream_tests_megatron-lm-5077.json"
+    good.write_text(json.dumps(_document([Row("t::a", "failed", "passed")])))
+    empty = tmp_path / "upstream_tests_megatron-lm-6114.json"  # the command ended in an error
+    empty.write_text("")
+    md = tmp_path / "upstream_tests.md"
+    assert upstream_tests_table.main([str(good), str(empty), "--md", str(md)]) == 0
+    lines = md.read_text().splitlines()
+    assert lines[2] == "| megatron-lm-5077 | t::a | failed | passed | proves the fix |  |"
+    assert lines[-1].startswith(
+        "- upstream_tests_megatron-lm-6114.json: no result (JSONDecodeError"
+    )
