@@ -17,11 +17,12 @@ import pytest
 
 from backports.megatron import cli, upstream_checkout
 from tests.test_sync_upstream import commit_files
-from tests.test_upstream_tests import HELPER, NODE, TEST
+from tests.test_upstream_tests import HELPER, NODE, TEST, private_tmp  # noqa: F401
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import upstream_bundle
 
+pytestmark = pytest.mark.usefixtures("private_tmp")  # temporary folders in the test's own
 TEST_FILE = NODE.split("::")[0]
 # 1.2 MB of history the bundle must leave behind (random: git's compression cannot shrink it
 # below half).

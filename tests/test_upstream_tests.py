@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +26,17 @@ from backports.megatron import cli
 from backports.megatron.upstream_tests import Row, verdict
 from backports.megatron.upstream_verdict import NOTHING, PROVES, document, judge, markdown
 from tests.test_sync_upstream import commit_files
+
+
+@pytest.fixture(autouse=True)
+def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Temporary folders, ours and the children's (pytest, torchrun), in the test's own."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    return scratch
+
 
 NODE = (
     "tests/unit_tests/transformer/moe/test_routers.py::TestTop2Router::"
@@ -393,10 +405,9 @@ def _gone(pid: int) -> None:
 
 
 @pytest.mark.slow
-def test_sigterm_stops_the_run_and_removes_its_folder(tmp_path: Path) -> None:
+def test_sigterm_stops_the_run_and_removes_its_folder(tmp_path: Path, private_tmp: Path) -> None:
     repo, sha = _upstream(tmp_path, STALLS_STOCK)
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
+    scratch = private_tmp
     pid_file = tmp_path / "pid"
     env = {**os.environ, "TMPDIR": str(scratch), "FIXTURE_PID_FILE": str(pid_file)}
     command = [sys.executable, "-P", "-m", "backports.megatron", "upstream-tests"]
