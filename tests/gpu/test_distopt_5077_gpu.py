@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 NEEDS_TILELANG = False  # tests/gpu/conftest.py: CUDA alone
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]  # slow: each run is a torchrun child
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tools" / "gpu_jobs" / "distopt_checkpoint.py"
