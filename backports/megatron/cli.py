@@ -631,26 +631,47 @@ def _new_parser(commands: Any) -> None:
 
 
 def _cmd_upstream_tests(args: argparse.Namespace) -> int:
-    from . import upstream_tests  # git and a child pytest: only this command needs them
+    from . import upstream_tests, upstream_verdict  # a child pytest: only this command
 
-    notes: list[str] = []
-    rows = upstream_tests.run_upstream_tests(args.id, Path(args.repo), args.sha, notes)
-    table = [("test", "stock / backport")]
-    print(_two_columns(table + [(row.test, f"{row.stock} / {row.backport}") for row in rows]))
-    for note in notes:
-        print(f"note: {note}")
-    code, summary = upstream_tests.verdict(rows)
-    print(f"{args.id}: {summary}")
-    return code
+    result = upstream_tests.run(
+        args.id,
+        Path(args.repo),
+        args.sha,
+        launcher=args.launcher,
+        timeout_s=args.timeout,
+        log_dir=Path(args.log_dir) if args.log_dir else None,
+    )
+    doc = upstream_tests.document(result)
+    print(json.dumps(doc, indent=1) if args.json else upstream_verdict.text(doc))
+    return int(doc["exit_status"])
 
 
 def _upstream_tests_parser(commands: Any) -> None:
     help_text = "run upstream's own tests of a fix, stock and with the backport"
     sub = commands.add_parser("upstream-tests", help=help_text, description=help_text)
-    sub.set_defaults(run=_cmd_upstream_tests, json=False)
+    sub.set_defaults(run=_cmd_upstream_tests, format="table")
     sub.add_argument("id", metavar="ID", help="backport id, e.g. megatron-lm-6114")
     sub.add_argument("--repo", required=True, metavar="PATH", help="a Megatron-LM git clone")
     sub.add_argument("--sha", help="take the tests from this commit (default: the recorded)")
+    sub.add_argument(
+        "--json", dest="format", action="store_const", const="json", help="print a JSON object"
+    )
+    sub.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="time limit of each run (stock, backport); unfinished tests are 'timed out' "
+        "(default: 600)",
+    )
+    sub.add_argument(
+        "--launcher",
+        choices=("python", "torchrun"),
+        default="python",
+        help="torchrun: each run under `torchrun --standalone --nproc_per_node 1`, for "
+        "upstream's harness, which needs LOCAL_RANK and a process group (default: python)",
+    )
+    sub.add_argument("--log-dir", metavar="DIR", help="keep each run's pytest output here")
 
 
 def _sync_parser(commands: Any) -> None:

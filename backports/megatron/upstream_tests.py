@@ -6,34 +6,52 @@ they live in) are checked out of the user's Megatron-LM clone at the recorded SH
 temporary folder, and pytest runs them twice against the installed megatron-core, each
 time in a child process: stock (``MEGATRON_BACKPORTS=0``, the start-up hook off) and with
 the backport (``apply(only=ID, strict=True)`` from a ``-p`` plugin before collection; the
-other backports skipped). One row per test; exit 1 if any test fails with the backport, or
-if none fails without it (the tests then prove nothing about this fix).
+other backports skipped). One row per test, with each run's first error line
+(upstream_verdict.py says when a test counts). Each run has a time limit (its unfinished
+tests are ``timed out``); ``--launcher torchrun`` runs it under ``torchrun
+--nproc_per_node 1`` for upstream's harness, which needs a process group. A SIGTERM stops
+the child and removes the temporary folder before this process ends.
+
+This module is the one place that reads the catalog and the vendored manifests.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
+import signal
 import tempfile
-from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from . import upstream_checkout
 from .errors import BackportError
+from .upstream_child import LAUNCHERS, RunResult, run_pytest
+from .upstream_verdict import Row, verdict
+from .upstream_verdict import document as _document
 
-__all__ = ["Row", "run_upstream_tests", "verdict"]
-
-PLUGIN = "backports.megatron._apply_for_pytest"
-_FAILED = ("failed", "error")
+__all__ = ["LAUNCHERS", "Result", "Row", "document", "run", "run_upstream_tests", "verdict"]
 
 
-@dataclass(frozen=True)
-class Row:
-    test: str
-    stock: str  # passed / failed / error / skipped / not run
-    backport: str
+@dataclass
+class Result:
+    """Everything one ``upstream-tests`` run found."""
+
+    backport_id: str
+    commit: str
+    rows: list[Row]
+    launcher: str
+    timeout_s: float | None
+    environment: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+# What each run sets itself. The rest of the caller's MEGATRON_BACKPORTS_* (the verdict
+# cache's place, plugins left out, upstream-only) goes on to both runs.
+_DECIDED_HERE = ("MEGATRON_BACKPORTS", "MEGATRON_BACKPORTS_SKIP", "MEGATRON_BACKPORTS_SAID")
 
 
 def _recorded(backport_id: str) -> tuple[list[str], str]:
@@ -42,8 +60,8 @@ def _recorded(backport_id: str) -> tuple[list[str], str]:
 
     try:
         spec = by_id(backport_id)
-    except KeyError as exc:
-        raise BackportError(f"unknown backport {backport_id!r}") from exc
+    except KeyError as exc:  # its message names the known ids
+        raise BackportError(str(exc.args[0])) from exc
     data = read_upstream(spec.vendored)
     tests = list(data.get("upstream_tests", []))
     if not tests:
@@ -54,106 +72,151 @@ def _recorded(backport_id: str) -> tuple[list[str], str]:
     return tests, str(sha)
 
 
-def _commit(repo_path: Path, sha: str) -> Any:
+def _other_ids(backport_id: str) -> str:
+    from .catalog import entries  # the plugins' entries too: the hook would apply them
+
+    return ",".join(spec.id for spec in entries() if spec.id != backport_id)
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: unwind (child stopped, temporary folder removed), then end."""
+
+
+@contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """Turn SIGTERM into an exception while the body runs, so every ``finally`` and ``with``
+    below cleans up; then end the process as SIGTERM would have. Only the main thread can
+    take signals; elsewhere, and where SIGTERM is ignored, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous == signal.SIG_IGN:
+        yield
+        return
+
+    def unwind(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the cleanup
+        raise _Terminated()
+
+    signal.signal(signal.SIGTERM, unwind)
     try:
-        import git
-    except ImportError as exc:
-        raise BackportError("upstream-tests needs gitpython: pip install gitpython") from exc
-    try:
-        repo = git.Repo(repo_path)
-        return repo.commit(sha)
-    except (git.GitError, ValueError, OSError) as exc:
-        raise BackportError(
-            f"{repo_path} has no commit {sha} (fetch it into that clone first): {exc}"
-        ) from exc
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, previous)
+        os.kill(os.getpid(), signal.SIGTERM)  # the default action ends us here
+        raise SystemExit(128 + signal.SIGTERM) from None  # a handler of the caller's returned
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
-def _files_needed(commit: Any, tests: list[str]) -> list[str]:
-    """The test files, and every .py file of the test tree they sit in (helpers such as
-    ``tests/unit_tests/test_utilities.py``, conftests, packages' ``__init__``)."""
-    roots = {PurePosixPath(test.split("::")[0]).parts[0] for test in tests}
-    wanted = []
-    for item in commit.tree.traverse():
-        path = PurePosixPath(item.path)
-        if item.type == "blob" and path.parts[0] in roots and path.suffix == ".py":
-            wanted.append(item.path)
-    for test in tests:
-        if test.split("::")[0] not in wanted:
-            raise BackportError(f"{test.split('::')[0]} does not exist at {commit.hexsha}")
-    return wanted
+def _covers(requested: str, name: str) -> bool:
+    """Whether the node id ``name`` is ``requested`` or one of its tests / parameters."""
+    return name == requested or name.startswith((f"{requested}[", f"{requested}::"))
 
 
-def _check_out(commit: Any, paths: list[str], folder: Path) -> None:
-    for path in paths:
-        target = folder / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes((commit.tree / path).data_stream.read())
+def _rows(tests: list[str], stock: RunResult, backported: RunResult) -> list[Row]:
+    """One row per test either run reported; a requested test no run reported is ``not
+    run``, or ``timed out`` in a run stopped at its limit."""
+    names = list(dict.fromkeys([*stock.outcomes, *backported.outcomes]))
+    reported = set(names)
+    names += [t for t in tests if not any(_covers(t, n) for n in reported)]
 
+    def outcome(run: RunResult, name: str) -> str:
+        return run.outcomes.get(name, "timed out" if run.timed_out else "not run")
 
-def _outcomes(report: Path, run: str, notes: list[str]) -> dict[str, str]:
-    """node id -> outcome, as the child's plugin wrote them; a note per skip reason."""
-    if not report.is_file():
-        return {}
-    data = json.loads(report.read_text(encoding="utf-8"))
-    for reason in dict.fromkeys(data.get("skips", {}).values()):
-        notes.append(f"{run}: skipped: {reason}")
-    return {str(k): str(v) for k, v in data.get("outcomes", {}).items()}
+    def error(run: RunResult, name: str, key: str) -> str:
+        found = run.errors.get(name, {}).get(key, "")
+        if not found and key == "line" and name not in run.outcomes:
+            found = "" if run.timed_out else run.last_line
+        return found
 
-
-def _run(
-    folder: Path, tests: list[str], env: dict[str, str], plugin: bool, notes: list[str]
-) -> dict[str, str]:
-    report = folder.parent / f"{folder.name}-{'backport' if plugin else 'stock'}.json"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", PLUGIN]
-    command += ["--rootdir", str(folder), *tests]
-    env = {**env, "PYTHONPATH": os.pathsep.join([str(folder), env.get("PYTHONPATH", "")])}
-    env["BACKPORTS_UPSTREAM_TESTS_REPORT"] = str(report)
-    done = subprocess.run(command, cwd=folder, env=env, check=False, capture_output=True, text=True)
-    run = "with the backport" if plugin else "stock"
-    outcomes = _outcomes(report, run, notes)
-    if not outcomes:  # pytest stopped before any test: say why, in its own last line
-        lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-        notes.append(
-            f"{run}: pytest ran no test (exit {done.returncode}): {lines[-1] if lines else ''}"
+    return [
+        Row(
+            name,
+            outcome(stock, name),
+            outcome(backported, name),
+            error(stock, name, "line"),
+            error(backported, name, "line"),
+            error(stock, name, "where"),
+            error(backported, name, "where"),
         )
-    return outcomes
+        for name in names
+    ]
+
+
+def _notes(run: RunResult, label: str, timeout_s: float | None) -> list[str]:
+    notes = [f"{label}: skipped: {reason}" for reason in dict.fromkeys(run.skips.values())]
+    if run.timed_out:
+        notes.append(f"{label}: stopped at its time limit ({timeout_s:g} s)")
+    elif not run.outcomes:  # pytest stopped before any test: say why, in its own last line
+        notes.append(f"{label}: pytest ran no test (exit {run.returncode}): {run.last_line}")
+    return notes
+
+
+def run(
+    backport_id: str,
+    repo: Path,
+    sha: str | None = None,
+    *,
+    launcher: str = "python",
+    timeout_s: float | None = 600.0,
+    log_dir: Path | None = None,
+) -> Result:
+    """Check out and run ``backport_id``'s upstream tests, stock and with the backport."""
+    if launcher not in LAUNCHERS:
+        raise BackportError(f"unknown launcher {launcher!r} (one of {', '.join(LAUNCHERS)})")
+    tests, recorded = _recorded(backport_id)
+    commit = upstream_checkout.resolve_commit(repo, sha or recorded)
+    paths = upstream_checkout.files_for_tests(repo, commit, tests)
+    base = {k: v for k, v in os.environ.items() if k not in _DECIDED_HERE}
+    stock_env = {**base, "MEGATRON_BACKPORTS": "0"}
+    backport_env = {
+        **base,
+        "MEGATRON_BACKPORTS_SKIP": _other_ids(backport_id),
+        "BACKPORTS_UPSTREAM_TESTS_ID": backport_id,
+    }
+    with _sigterm_unwinds(), tempfile.TemporaryDirectory(prefix="backports-upstream-") as name:
+        folder = Path(name) / "upstream"
+        upstream_checkout.check_out(repo, commit, paths, folder)
+        options: dict[str, Any] = {"launcher": launcher, "timeout_s": timeout_s}
+        stock = run_pytest(folder, tests, stock_env, name="stock", **options)
+        backported = run_pytest(folder, tests, backport_env, name="backport", **options)
+        if log_dir is not None:
+            _keep_logs(Path(name), log_dir, backport_id)
+    notes = _notes(stock, "stock", timeout_s) + _notes(backported, "with the backport", timeout_s)
+    environment = stock.environment or backported.environment
+    rows = _rows(tests, stock, backported)
+    return Result(backport_id, commit, rows, launcher, timeout_s, environment, notes)
+
+
+def document(result: Result) -> dict[str, Any]:
+    """``result`` as the ``--json`` object."""
+    return _document(
+        result.backport_id,
+        result.rows,
+        commit=result.commit,
+        launcher=result.launcher,
+        timeout_s=result.timeout_s,
+        environment=result.environment,
+        notes=result.notes,
+    )
+
+
+def _keep_logs(scratch: Path, log_dir: Path, backport_id: str) -> None:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for run_name in ("stock", "backport"):
+        log = scratch / f"{run_name}.log"
+        if log.is_file():
+            (log_dir / f"{backport_id}-{run_name}.log").write_bytes(log.read_bytes())
 
 
 def run_upstream_tests(
     backport_id: str, repo: Path, sha: str | None = None, notes: list[str] | None = None
 ) -> list[Row]:
-    """Rows of (test, stock outcome, backport outcome); a BackportError in one line.
+    """Rows of (test, stock outcome, backport outcome, ...); a BackportError in one line.
     ``notes`` collects why a run ran no test at all."""
-    notes = [] if notes is None else notes
-    from .catalog import CATALOG
-
-    tests, recorded = _recorded(backport_id)
-    commit = _commit(repo, sha or recorded)
-    others = ",".join(spec.id for spec in CATALOG if spec.id != backport_id)
-    base = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_BACKPORTS")}
-    with tempfile.TemporaryDirectory(prefix="backports-upstream-tests-") as name:
-        folder = Path(name) / "upstream"
-        _check_out(commit, _files_needed(commit, tests), folder)
-        stock = _run(folder, tests, {**base, "MEGATRON_BACKPORTS": "0"}, False, notes)
-        backported = _run(
-            folder,
-            tests,
-            {**base, "MEGATRON_BACKPORTS_SKIP": others, "BACKPORTS_UPSTREAM_TESTS_ID": backport_id},
-            True,
-            notes,
-        )
-    names = list(dict.fromkeys([*stock, *backported])) or tests
-    return [Row(n, stock.get(n, "not run"), backported.get(n, "not run")) for n in names]
-
-
-def verdict(rows: list[Row]) -> tuple[int, str]:
-    """(exit status, the one-line summary)."""
-    broken = [row.test for row in rows if row.backport not in ("passed", "skipped")]
-    caught = [row.test for row in rows if row.stock in _FAILED]
-    if all(row.backport == "skipped" for row in rows):
-        return 1, "every upstream test was skipped here: they prove nothing (see the notes)"
-    if broken:
-        return 1, f"{len(broken)} upstream test(s) do not pass with the backport"
-    if not caught:
-        return 1, "no upstream test fails without the backport: they prove nothing here"
-    return 0, f"{len(caught)} test(s) fail on stock and pass with the backport"
+    result = run(backport_id, repo, sha)
+    if notes is not None:
+        notes.extend(result.notes)
+    return result.rows
