@@ -63,7 +63,7 @@ def _import_dsa(device: str) -> Any:
 def _needed_not_installed() -> tuple[list[str], list[str]]:
     """(what status() calls needed, which of those this rank has not installed)."""
     from backports.megatron import status
-    from backports.megatron.ranks import installed_backports
+    from backports.megatron.job.ranks import installed_backports
 
     needed = sorted(r.id for r in status() if str(r.verdict) == "needed")
     have = installed_backports()
@@ -99,7 +99,7 @@ def _attention(module: Any, device: str) -> dict[str, Any]:
 
 def run(device: str) -> dict[str, Any]:
     from backports.megatron import BackportError, verify_ranks
-    from backports.megatron.ranks import running_backports
+    from backports.megatron.job.ranks import running_backports
 
     started = time.monotonic()
     _init(device)

@@ -10,7 +10,7 @@ leaves the hook file behind (pip removes only what it installed) the line import
 start-up stays silent and unbroken.
 
 The mechanism only: the caller says which packages the trigger watches and which config it
-fires with (``backports.megatron.job_start`` works them out from the catalog).
+fires with (``backports.megatron.job.startup_hook`` works them out from the catalog).
 """
 
 import ast
