@@ -29,4 +29,7 @@ def skip_reason(backport_id: str) -> str:
     waiting = _pending_kinds.withheld().get(backport_id)
     if waiting is None:
         return ""
-    return f"needs the {' and '.join(waiting[1])} kind(s) (issue 32)"
+    kinds = waiting[1]
+    return (
+        f"needs the {' and the '.join(kinds)} target kind{'s' if len(kinds) > 1 else ''} (issue 32)"
+    )
