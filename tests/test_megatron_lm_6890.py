@@ -93,6 +93,17 @@ def test_the_rule_masks_all_five_on_the_head_index_and_keeps_the_autotuning(rope
     ]
 
 
+def test_a_rebuilt_kernel_bound_in_the_module_is_asked_for_again_without_a_rebuild(
+    rope, monkeypatch
+):
+    """Once the kind binds a rebuilt kernel in megatron's module, the vendored module hands
+    out that same object (it cannot rebuild from it: its source is the rule's, not the file's)."""
+    module = vendored_module(ENTRY.vendored)
+    rebuilt = module.rotary_fwd_q_kernel
+    monkeypatch.setattr(rope, "rotary_fwd_q_kernel", rebuilt)
+    assert module.rotary_fwd_q_kernel is rebuilt
+
+
 # --- the sniff's verdicts --------------------------------------------------------------------
 
 

@@ -136,8 +136,10 @@ def __getattr__(name: str) -> Any:
     if name not in _RULES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module = importlib.import_module(__target_module__)
-    original = installed_function(getattr(module, name), module)
     built = _BUILT.get(name)
+    if built is not None and getattr(module, name) is built[1]:
+        return built[1]  # installed there: it stands for the original it was rebuilt from
+    original = installed_function(getattr(module, name), module)
     if built is None or built[0] is not original:
         built = (original, rebuild(original, _RULES[name]))
         _BUILT[name] = built
