@@ -10,6 +10,7 @@ Expected gradients are computed here in FP32 from the inputs. The tests that nee
 ``apply()`` are written and skipped.
 """
 
+import dataclasses
 import inspect
 from types import SimpleNamespace
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from backports.megatron import Action, apply, revert
-from backports.megatron.model import ResolvedTarget
+from backports.megatron.model import ResolvedTarget, SniffFailed
 from backports.megatron.testing import CONTRACT, contract
 from backports.megatron.vendored import vendored_module
 from backports.megatron.vendored_sniff import sniff_replacement
@@ -84,6 +85,22 @@ def test_sniff_says_fixed_on_the_rebuilt_backward(targets, upstream_only):
     result = sniff_replacement(ENTRY, module, upstream_only=upstream_only, targets=targets)
     assert result.fixed is True, result.summary
     assert result.detail["main_grad_fp32"] == {"reduce_scattered": "float32"}
+
+
+def test_a_backward_that_widens_every_wgrad_fails_the_control(targets):
+    """A bf16 main_grad gets a bf16 reduce-scatter from every version: one that widens it
+    anyway is no version of this backward (incompatible)."""
+    stock = inspect.unwrap(targets[0].original)
+
+    def widens_every_wgrad(ctx: Any, grad_output: Any) -> Any:
+        weight = ctx.saved_tensors[1]
+        scatter = weight.wgrad_reduce_scatter
+        weight.wgrad_reduce_scatter = lambda grad: scatter(grad.float())
+        return stock(ctx, grad_output)
+
+    widened = [dataclasses.replace(targets[0], original=widens_every_wgrad)]
+    with pytest.raises(SniffFailed, match="with a bf16 main_grad"):
+        ENTRY.sniff(widened)
 
 
 # --- megatron's real autograd.Function on CPU ---------------------------------------------
