@@ -109,14 +109,12 @@ def _mimo_calls(method: Callable[..., Any], first_stage: bool | None) -> list[di
     sharded = (torch.tensor([[7, 8, 9]]), mask)
     language_model = _RecordingLanguageModel()
     model = _mimo(language_model, sharded)
-    ids = torch.tensor([[1, 2, 3]])
-    if first_stage is None:
-        method(model, ids, None, None, caller_mask, ids, None)
-    else:
+    if first_stage is not None:  # only _forward_language_module asks for its stage
         model.role = SimpleNamespace(
             is_first_stage=lambda name: first_stage, is_last_stage=lambda name: True
         )
-        method(model, ids, None, None, caller_mask, ids, None)
+    ids = torch.tensor([[1, 2, 3]])
+    method(model, ids, None, None, caller_mask, ids, None)
     return [_what_reached(call, sharded[0], mask) for call in language_model.calls]
 
 
