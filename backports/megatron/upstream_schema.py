@@ -89,6 +89,11 @@ def _positive_int(value: Any) -> str | None:
     return None if ok else "a positive integer"
 
 
+def _pull_requests(value: Any) -> str | None:
+    ok = isinstance(value, list) and bool(value) and all(_positive_int(v) is None for v in value)
+    return None if ok else "a list of pull-request numbers"
+
+
 def _file_name(value: Any) -> str | None:
     ok = (
         isinstance(value, str)
@@ -170,6 +175,8 @@ OPTIONAL: dict[str, Callable[[Any], str | None]] = {
     "head_unknown": _true,  # a merged, handwritten folder whose head is not known
     "merge_sha": _COMMIT,  # absent while the pull request is open
     "moved_path": _source_path,
+    # Other pull requests that carry the same fix (open alternatives, a follow-up).
+    "related_prs": _pull_requests,
     "origin_note": _text,
     "reads": _names,
     "synced_sha": _COMMIT,

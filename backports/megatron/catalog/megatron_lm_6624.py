@@ -1,0 +1,146 @@
+"""NVIDIA/Megatron-LM#6624: under GTP the weight gradient is reduce-scattered in FP32.
+
+With generalized tensor parallelism (``gtp_remat_size > 1``), megatron-core 0.19.2's
+``LinearWithGradAccumulationAndAsyncCommunication.backward`` computes the weight gradient in
+the compute dtype (bf16) and reduce-scatters it in bf16 even when ``main_grad`` is FP32
+(``--accumulate-allreduce-grads-in-fp32``): the cross-rank sum is rounded to bf16 before the
+FP32 accumulation sees it. Nothing raises.
+
+The target is a ``@staticmethod`` of a ``torch.autograd.Function``, decorated with
+``custom_bwd``. Only #6624's change is carried (its merged ``backward`` also reads
+``ctx.input_dtype``, which #6252 added and 0.19.2's ``forward`` never sets); its
+``validate_args`` hunk in ``megatron/training/arguments.py`` is out of scope.
+"""
+
+import inspect
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+from packaging.version import Version
+
+from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
+from ._pending_kinds import when_carried
+
+__all__ = ["ENTRY", "SPEC"]
+
+_TOKENS, _IN, _OUT = 3, 4, 4  # a [3, 4] input through a [4, 4] weight, sharded on 2 ranks
+
+
+class _ShardedWeight:
+    """Stands for a GTP-sharded weight as backward reads it: the full weight gathered for
+    dgrad, a ``main_grad`` shard, the wgrad buffer in ``main_grad``'s dtype, and a
+    reduce-scatter that keeps the dtype and value it receives (a one-rank reduce-scatter
+    returns its rows of the sum, in the dtype it was given)."""
+
+    def __init__(self, full: Any, main_grad_dtype: Any) -> None:
+        import torch
+
+        self.full = full
+        self.main_grad = torch.zeros(_OUT // 2, _IN, dtype=main_grad_dtype)
+        self.reduce_scattered: list[Any] = []
+
+    def all_gather_and_prefetch_bwd(self) -> Any:
+        return self.full
+
+    def get_wgrad_tensor(self) -> Any:
+        import torch
+
+        return torch.zeros(_OUT, _IN, dtype=self.main_grad.dtype)
+
+    def wgrad_reduce_scatter(self, grad_weight: Any) -> Any:
+        self.reduce_scattered.append(grad_weight.detach().clone())
+        return grad_weight[: _OUT // 2]
+
+
+def _backward_once(backward: Callable[..., Any], main_grad_dtype: Any) -> dict[str, Any]:
+    """``backward`` (undecorated) with the ``ctx`` 0.19.2's ``forward`` leaves for a GTP
+    weight (no fusion, no sequence parallelism), bf16 compute; what reached the
+    reduce-scatter, checked against an FP32 reference of both gradients."""
+    import torch
+
+    generator = torch.Generator().manual_seed(6624)
+    data = torch.randn(_TOKENS, _IN, generator=generator).to(torch.bfloat16)
+    full = torch.randn(_OUT, _IN, generator=generator).to(torch.bfloat16)
+    grad_output = torch.randn(_TOKENS, _OUT, generator=generator).to(torch.bfloat16)
+    weight = _ShardedWeight(full, main_grad_dtype)
+    ctx = SimpleNamespace(
+        saved_tensors=(data, weight),
+        main_grad=None,
+        use_bias=False,
+        gradient_accumulation_fusion=False,
+        allreduce_dgrad=False,
+        sequence_parallel=False,
+        wgrad_deferral_limit=0,
+        grad_output_buffer=None,
+        tp_group=None,
+        gtp_remat_size=2,
+    )
+    grads = backward(ctx, grad_output)
+    if len(weight.reduce_scattered) != 1:
+        raise SniffFailed(f"backward reduce-scattered {len(weight.reduce_scattered)} times")
+    (wgrad,) = weight.reduce_scattered
+    # bf16 inputs, products summed in FP32 either way: a bf16 result is off by its rounding.
+    tolerance = {"rtol": 1e-2, "atol": 1e-2}
+    expected_wgrad = grad_output.float().t() @ data.float()
+    expected_dgrad = grad_output.float() @ full.float()
+    if not torch.allclose(wgrad.float(), expected_wgrad, **tolerance):
+        raise SniffFailed(f"the weight gradient is {wgrad.tolist()}, not grad_output^T @ input")
+    if not torch.allclose(grads[0].float(), expected_dgrad, **tolerance):
+        raise SniffFailed("the input gradient is not grad_output @ weight")
+    return {"reduce_scattered": str(wgrad.dtype).removeprefix("torch.")}
+
+
+def _sniff_body(backward: Callable[..., Any]) -> SniffResult:
+    """Fixed iff an FP32 ``main_grad`` gets an FP32 reduce-scatter; a bf16 ``main_grad``
+    (the control) gets a bf16 one from every version."""
+    import torch
+
+    control = _backward_once(backward, torch.bfloat16)
+    if control != {"reduce_scattered": "bfloat16"}:
+        raise SniffFailed(f"with a bf16 main_grad the wgrad was reduce-scattered as {control}")
+    seen = _backward_once(backward, torch.float32)
+    detail = {"main_grad_bf16": control, "main_grad_fp32": seen}
+    if seen == {"reduce_scattered": "float32"}:
+        summary = "with an FP32 main_grad the GTP weight gradient is reduce-scattered in FP32"
+        return SniffResult(True, summary, detail)
+    if seen == {"reduce_scattered": "bfloat16"}:
+        summary = (
+            "with an FP32 main_grad the GTP weight gradient is reduce-scattered in bf16 "
+            "(rounded across ranks before the FP32 accumulation)"
+        )
+        return SniffResult(False, summary, detail)
+    raise SniffFailed(f"with an FP32 main_grad the wgrad was reduce-scattered as {seen}")
+
+
+def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
+    """Sniff the undecorated backward (``custom_bwd``'s wrapper is never called: it needs the
+    autocast state a real ``forward`` leaves on ``ctx``)."""
+    (target,) = targets
+    return _sniff_body(inspect.unwrap(target.original))
+
+
+ENTRY = BackportSpec(
+    id="megatron-lm-6624",
+    title="GTP linear backward: the weight gradient reduce-scattered in main_grad's dtype",
+    targets=(
+        Target(
+            distribution="megatron-core",
+            modules=("megatron.core.tensor_parallel.layers",),
+            # A @staticmethod of a torch.autograd.Function: the class holds a staticmethod
+            # around custom_bwd's wrapper around the body.
+            attribute="LinearWithGradAccumulationAndAsyncCommunication.backward",
+            parameters=("ctx", "grad_output"),
+            helpers=("prepare_input_tensors_for_wgrad_compute",),
+            decorator="megatron.core.tensor_parallel.layers:custom_bwd",
+        ),
+    ),
+    # Generalized tensor parallelism (gtp_remat_size, wgrad_reduce_scatter) arrives in 0.19.
+    target_since=Version("0.19"),
+    # No megatron-core release carries it yet (0.19.2 is the newest on PyPI and lacks it).
+    fixed_in=None,
+    sniff=_sniff,
+)
+
+# Left out of the catalog until the tool carries its target kinds (see _pending_kinds).
+SPEC = when_carried(ENTRY, "staticmethod")

@@ -1,0 +1,187 @@
+"""NVIDIA/Megatron-LM#6890 / #7104 (issue #7103): the fused MLA YaRN RoPE kernels mask heads.
+
+megatron-core 0.13 to 0.19.2's four autotuned Triton kernels in
+``megatron.core.fusions.fused_mla_yarn_rope_apply`` mask with a block-local offset compared
+against the global head count. When the autotuned ``BLOCK_H`` does not divide the heads per
+rank (12, 20, 24, 40, ...), the last head block's program rotates the next token's first
+heads again, or writes past the tensor for the last token: q and k are silently wrong with
+``apply_rope_fusion`` and YaRN, differently per machine (the block size is the autotuner's).
+
+The replaced objects are module attributes that are not functions (``Autotuner`` around a
+``JITFunction``): ``ModuleAttribute`` targets. ``ApplyMLARotaryEmbQ/KV`` read the kernels as
+module globals at call time, so replacing the four attributes is enough.
+
+The sniff runs the kernels in a child interpreter with ``TRITON_INTERPRET=1`` (set before
+triton is imported), see ``_rope_kernels_child``; what a child saw is kept per process.
+"""
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from packaging.version import Version
+
+from ..model import VENDOR_PACKAGE, BackportSpec, SniffFailed, SniffResult
+from ._pending_kinds import ModuleAttribute, when_carried
+
+__all__ = ["ENTRY", "KERNELS", "SPEC", "kernels_in_child"]
+
+_MODULE = "megatron.core.fusions.fused_mla_yarn_rope_apply"
+KERNELS = (
+    "rotary_fwd_q_kernel",
+    "rotary_bwd_q_kernel",
+    "rotary_fwd_kv_kernel",
+    "rotary_bwd_kv_kernel",
+)
+_VENDORED = f"{VENDOR_PACKAGE}.megatron_lm_6890.fused_mla_yarn_rope_apply"
+_CHILD = Path(__file__).with_name("_rope_kernels_child.py")
+_CHILD_TIMEOUT_S = 600
+
+
+def _address(target: Any) -> tuple[str, str]:
+    """(module, attribute) where a child finds the kernel ``target.original``: the target's
+    own module (the installed kernel), the vendored module, or any module holding it."""
+    name, kernel = target.attribute, target.original
+    if vars(target.module).get(name) is kernel:
+        return target.module.__name__, name
+    vendored = sys.modules.get(_VENDORED)
+    if vendored is not None and getattr(vendored, name, None) is kernel:
+        return _VENDORED, name
+    for module_name, module in list(sys.modules.items()):
+        if isinstance(module, ModuleType) and vars(module).get(name) is kernel:
+            return module_name, name
+    raise SniffFailed(f"{name} is held by no module a child could import it from")
+
+
+def kernels_in_child(sets: dict[str, dict[str, tuple[str, str]]]) -> dict[str, Any]:
+    """Run each set of kernels (label -> kernel name -> (module, attribute)) in one fresh
+    interpreter under ``TRITON_INTERPRET=1``: isolated (``-I``), in a private working
+    folder, on this process's ``sys.path``, with the backports off there."""
+    request = {"sys_path": [p for p in sys.path if p], "sets": sets}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "MEGATRON_BACKPORTS": "0"}
+    command = [sys.executable, "-I", str(_CHILD), json.dumps(request)]
+    with tempfile.TemporaryDirectory(prefix="megatron-lm-6890-") as folder:
+        done = subprocess.run(
+            command,
+            env=env,
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=_CHILD_TIMEOUT_S,
+            check=False,
+        )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("SNIFF ")]
+    if done.returncode != 0 or len(lines) != 1:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise SniffFailed(f"the kernel child exited {done.returncode}: {tail[0]}")
+    return json.loads(lines[0][len("SNIFF ") :])  # type: ignore[no-any-return]
+
+
+# What a child saw of a set of kernels, per (the set's addresses, interpreter, sys.path, the
+# sha256 of each file the kernels are rebuilt or read from): a child costs an import of torch
+# and megatron (seconds), and its outcome depends on nothing else.
+_SEEN: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
+def _file_sha256(module_name: str) -> str | None:
+    """The module's file as this process finds it, imported or not (the vendored module is
+    judged in the child before the probe imports it here)."""
+    module = sys.modules.get(module_name)
+    path = getattr(module, "__file__", None)
+    if module is None:
+        try:
+            spec = importlib.util.find_spec(module_name)
+        except ImportError:
+            spec = None
+        path = spec.origin if spec is not None else None
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
+
+
+def _key(addresses: dict[str, tuple[str, str]]) -> tuple[Any, ...]:
+    modules = sorted({module for module, _ in addresses.values()} | {_MODULE})
+    key: tuple[Any, ...] = (tuple(sorted(addresses.items())), sys.executable, tuple(sys.path))
+    return key + tuple((module, _file_sha256(module)) for module in modules)
+
+
+def _seen(addresses: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    """What a child saw of these kernels. The child that judges the installed kernels judges
+    the vendored ones too (the probe asks for them next), for one import of torch."""
+    key = _key(addresses)
+    if key not in _SEEN:
+        sets = {"asked": addresses}
+        vendored = {name: (_VENDORED, name) for name in KERNELS}
+        if addresses != vendored and _file_sha256(_VENDORED) is not None:
+            sets["vendored"] = vendored
+        seen = kernels_in_child(sets)
+        for label, run in seen["sets"].items():
+            _SEEN[_key(sets[label])] = {**run, "megatron": seen.get("megatron")}
+    seen = json.loads(json.dumps(_SEEN[key]))
+    if "error" in seen:
+        raise SniffFailed(f"the kernel child could not run them: {seen['error']}")
+    return seen  # type: ignore[no-any-return]
+
+
+def _judge(kernels: dict[str, Any]) -> dict[str, bool]:
+    """Per kernel: True when ``BLOCK_H=4`` (a half-full last block) is exact with every guard
+    kept, False when it is not; raises when the control (``BLOCK_H=2``) is not exact, or a
+    kernel is missing (a kernel unlike any version)."""
+    if sorted(kernels) != sorted(KERNELS):
+        raise SniffFailed(f"the child ran {sorted(kernels)}")
+    clean = {"exact": True, "guards_intact": True}
+    verdicts = {}
+    for name in KERNELS:
+        runs = kernels[name]
+        if runs["BLOCK_H=2"] != clean:
+            raise SniffFailed(f"{name} with BLOCK_H=2 (every block full) gave {runs['BLOCK_H=2']}")
+        verdicts[name] = runs["BLOCK_H=4"] == clean
+    return verdicts
+
+
+def _sniff(targets: Sequence[Any]) -> SniffResult:
+    """Fixed iff all four kernels are exact on 6 heads with ``BLOCK_H=4``; needed iff none
+    is; some but not all is a release unlike both (incompatible)."""
+    addresses = {target.attribute: _address(target) for target in targets}
+    seen = _seen(addresses)
+    fixed = _judge(seen["kernels"])
+    detail = {"kernels": seen["kernels"], "megatron": seen.get("megatron")}
+    if all(fixed.values()):
+        summary = "the rotary kernels mask on the head index: 6 heads with BLOCK_H=4 are exact"
+        return SniffResult(True, summary, detail)
+    if not any(fixed.values()):
+        summary = (
+            "the rotary kernels mask a block-local offset against the head count: 6 heads with "
+            "BLOCK_H=4 rotate the next token's heads again and write past the tensor"
+        )
+        return SniffResult(False, summary, detail)
+    raise SniffFailed(f"some kernels mask on the head index, some do not: {fixed}")
+
+
+ENTRY = BackportSpec(
+    id="megatron-lm-6890",
+    title="Fused MLA YaRN RoPE: the Triton kernels mask on the head index",
+    targets=tuple(
+        ModuleAttribute(
+            distribution="megatron-core",
+            modules=(_MODULE,),
+            attribute=kernel,
+            expects="triton.runtime.autotuner:Autotuner",
+        )
+        for kernel in KERNELS
+    ),
+    # The fused MLA RoPE kernels arrive in 0.13, with the block-local masks.
+    target_since=Version("0.13"),
+    # Both pull requests are open: no release carries the fix.
+    fixed_in=None,
+    sniff=_sniff,
+)
+
+# Left out of the catalog until the tool carries its target kinds (see _pending_kinds).
+SPEC = when_carried(ENTRY, "module-attribute")

@@ -1,0 +1,1 @@
+"""NVIDIA/Megatron-LM#6099: the layer-wise optimizer counts gradients with its TP groups."""
