@@ -26,3 +26,11 @@ def resolve_target(target, backport_id):  # type: ignore[no-untyped-def]
     from backports.megatron.kinds import kind_of
 
     return kind_of(target).resolve(target, backport_id)
+
+
+def sniff_replacement(spec, module, *, upstream_only, targets=None):  # type: ignore[no-untyped-def]
+    """The entry's sniff on what the applier would install from ``module`` (the decision's
+    ``sniff_vendored``), on ``targets`` as resolved (default: resolved there)."""
+    from backports.megatron.decision import sniff_vendored
+
+    return sniff_vendored(spec, module, upstream_only=upstream_only, targets=targets)

@@ -20,7 +20,6 @@ from packaging.version import Version
 from backports.megatron import catalog, model
 from backports.megatron.catalog import CATALOG
 from tests.conftest import skip_environment_plugins
-from tests.waiting_for_kinds import waiting_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOG_DIR = ROOT / "backports" / "megatron" / "catalog"
@@ -40,9 +39,7 @@ def _defines_spec(path: Path) -> bool:
 
 
 def test_every_module_that_defines_spec_is_a_builtin_under_its_own_id():
-    # Less the entries left out until the tool carries their target kinds (SPEC is None).
-    waiting = {model.module_name_of(backport_id) for backport_id in waiting_ids()}
-    expected = {p.stem for p in _entry_modules() if _defines_spec(p)} - waiting
+    expected = {p.stem for p in _entry_modules() if _defines_spec(p)}
     assert {model.module_name_of(spec.id) for spec in CATALOG} == expected
     assert len({spec.id for spec in CATALOG}) == len(CATALOG)
     for spec in CATALOG:
@@ -108,7 +105,7 @@ def test_what_an_entry_leaves_out_is_derived_from_its_id():
 
 def test_readme_has_a_section_for_every_builtin_and_none_for_another():
     sections = README_SECTION.findall((ROOT / "README.md").read_text())
-    assert sorted(sections) == sorted([*(spec.id for spec in CATALOG), *waiting_ids()])
+    assert sorted(sections) == sorted(spec.id for spec in CATALOG)
 
 
 def _installed_copy(site: Path) -> None:

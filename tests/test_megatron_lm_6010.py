@@ -18,9 +18,8 @@ import pytest
 
 from backports.megatron import Action, Verdict, apply, revert, status
 from backports.megatron.model import SniffFailed
-from backports.megatron.targets import resolve_target
 from backports.megatron.vendored import vendored_module
-from backports.megatron.vendored_sniff import sniff_replacement
+from tests.deciding import resolve_target, sniff_replacement
 from tests.reports import report_for
 
 ID = "megatron-lm-6010"

@@ -1,11 +1,10 @@
 """megatron-lm-6099: the layer-wise optimizer gives count_zeros_fp32 and its children the
 TP and expert-TP groups.
 
-The entry waits for two target kinds (a method behind ``torch.no_grad()``'s wrapper, and the
-constructor kind), so it is not in this release's catalog: its sniff, vendored code and the
-contract checks that install nothing run here; the checks that install it, and the
-construction-time behaviour (the warning and ``status`` count the optimizers built before
-the install), are written and skipped until the kinds land. A real
+Two targets of two kinds: the constructor (a ``Constructor``: objects built before the
+install are counted, and the one warning and ``status`` say how many) and ``count_zeros``
+behind ``torch.no_grad()``'s wrapper (a declared decorator). The sniff, the vendored code,
+the contract kit and the construction-time behaviour run here. A real
 ``LayerWiseDistributedOptimizer`` is built on CPU (data-parallel size 1: no process group is
 needed) with the installed constructor and with the rebuilt one.
 """
@@ -18,18 +17,16 @@ from typing import Any
 import pytest
 
 from backports.megatron import Action, BackportWarning, Verdict, apply, revert, status
+from backports.megatron.catalog import by_id
 from backports.megatron.model import SniffFailed
 from backports.megatron.private_globals import with_globals
-from backports.megatron.targets import resolve_target
-from backports.megatron.testing import CONTRACT, contract
+from backports.megatron.testing import CONTRACT
 from backports.megatron.vendored import vendored_module
-from backports.megatron.vendored_sniff import sniff_replacement
+from tests.deciding import resolve_target, sniff_replacement
 from tests.reports import report_for
-from tests.waiting_for_kinds import entry, skip_reason
 
 ID = "megatron-lm-6099"
-ENTRY = entry(ID)
-NEEDS_THE_KINDS = skip_reason(ID)
+ENTRY = by_id(ID)
 TP, EXPERT_TP = object(), object()  # process groups, seen by identity
 
 
@@ -43,12 +40,6 @@ def layer_wise() -> type:
     from megatron.core.optimizer.layer_wise_optimizer import LayerWiseDistributedOptimizer
 
     return LayerWiseDistributedOptimizer
-
-
-def test_it_waits_for_its_kinds():
-    from backports.megatron import catalog
-
-    assert NEEDS_THE_KINDS and ID not in [spec.id for spec in catalog.entries()]
 
 
 # --- the sniff ---------------------------------------------------------------------------
@@ -106,9 +97,10 @@ def _groups_counted_with(count_zeros: Any, optimizer: Any) -> list[Any]:
     import inspect
 
     seen: list[dict[str, Any]] = []
-    recording = with_globals(
-        inspect.unwrap(count_zeros), {"count_zeros_fp32": lambda *a, **kw: seen.append(kw) or 0}
-    )
+    # An installed backport's shim wraps the original by name (``__wrapped__``): the body it
+    # calls is its ``__backport_body__``.
+    body = inspect.unwrap(getattr(count_zeros, "__backport_body__", count_zeros))
+    recording = with_globals(body, {"count_zeros_fp32": lambda *a, **kw: seen.append(kw) or 0})
     recording(optimizer)
     return [seen[0].get("tp_group"), seen[0].get("expert_tp_group")]
 
@@ -130,26 +122,15 @@ def test_a_real_optimizer_gets_the_groups_from_the_rebuilt_constructor_only(laye
 
 # --- the contract kit ---------------------------------------------------------------------
 
-_INSTALLS = {
-    contract.apply_then_revert_restores_the_very_objects,
-    contract.apply_then_revert_restores_the_very_objects_upstream_only,
-    contract.status_lists_it_once,
-    contract.strict_refuses_a_target_unlike_any_version,
-    contract.reload_is_patched_again,
-}
-
 
 @pytest.mark.parametrize("check", CONTRACT, ids=lambda check: check.__name__)
-def test_the_contract_checks_that_install_nothing(check):
-    if check in _INSTALLS:
-        pytest.skip(NEEDS_THE_KINDS)
+def test_the_contract(check):
     check(ENTRY)
 
 
-# --- once the kinds land --------------------------------------------------------------------
+# --- installed: construction time ------------------------------------------------------------
 
 
-@pytest.mark.skip(reason="needs the constructor kind (issue 32)")
 def test_apply_warns_how_many_optimizers_were_built_before_it(layer_wise):
     """A constructor fix cannot reach an optimizer that exists: the one warning for this
     backport says so and how many, and ``status`` says the same."""
@@ -170,7 +151,6 @@ def test_apply_warns_how_many_optimizers_were_built_before_it(layer_wise):
     assert len(built) == 2
 
 
-@pytest.mark.skip(reason="needs the constructor kind (issue 32)")
 def test_no_optimizer_before_apply_no_word_of_it(layer_wise):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -182,7 +162,6 @@ def test_no_optimizer_before_apply_no_word_of_it(layer_wise):
         revert(ID)
 
 
-@pytest.mark.skip(reason=NEEDS_THE_KINDS or "runs once the kinds land")
 def test_an_optimizer_built_after_apply_has_the_groups_and_one_after_revert_has_not(layer_wise):
     report = report_for(apply(ID), ID)
     try:

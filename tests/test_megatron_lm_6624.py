@@ -1,13 +1,11 @@
 """megatron-lm-6624: under GTP the weight gradient is reduce-scattered in main_grad's dtype.
 
-The target is a ``@staticmethod`` (behind ``custom_bwd``) of a ``torch.autograd.Function``,
-which this release's resolver cannot hold, so the entry is not in the catalog yet: the
-sniff runs on hand-built resolved targets, and megatron's real ``autograd.Function`` runs
-its real ``forward`` with the rebuilt ``backward`` through a subclass (what the installer
-will do to the class itself), on CPU with a stand-in GTP-sharded weight (Transformer Engine
-cannot be installed here) whose ``wgrad_reduce_scatter`` records the dtype it receives.
-Expected gradients are computed here in FP32 from the inputs. The tests that need
-``apply()`` are written and skipped.
+The target is a ``@staticmethod`` (behind ``custom_bwd``, its declared decorator) of a
+``torch.autograd.Function``: megatron's real ``autograd.Function`` runs its real ``forward``
+with the rebuilt ``backward``, through a subclass and installed on the class itself, on CPU
+with a stand-in GTP-sharded weight (Transformer Engine cannot be installed here) whose
+``wgrad_reduce_scatter`` records the dtype it receives. Expected gradients are computed here
+in FP32 from the inputs.
 """
 
 import dataclasses
@@ -18,16 +16,15 @@ from typing import Any
 import pytest
 
 from backports.megatron import Action, apply, revert
+from backports.megatron.catalog import by_id
 from backports.megatron.model import ResolvedTarget, SniffFailed
-from backports.megatron.testing import CONTRACT, contract
+from backports.megatron.testing import CONTRACT
 from backports.megatron.vendored import vendored_module
-from backports.megatron.vendored_sniff import sniff_replacement
+from tests.deciding import sniff_replacement
 from tests.reports import report_for
-from tests.waiting_for_kinds import entry, skip_reason
 
 ID = "megatron-lm-6624"
-ENTRY = entry(ID)
-NEEDS_THE_KIND = skip_reason(ID)
+ENTRY = by_id(ID)
 TOLERANCE = {"rtol": 1e-2, "atol": 1e-2}  # bf16 inputs: the product rounded to bf16
 
 
@@ -59,12 +56,6 @@ def targets(layers: Any, function_class: type) -> list[ResolvedTarget]:
 @pytest.fixture(scope="module")
 def rebuilt() -> Any:
     return vendored_module(ENTRY.vendored).backward
-
-
-def test_it_waits_for_its_kind():
-    from backports.megatron import catalog
-
-    assert NEEDS_THE_KIND and ID not in [spec.id for spec in catalog.entries()]
 
 
 # --- the sniff ---------------------------------------------------------------------------
@@ -227,13 +218,9 @@ def test_the_fsdp_branch_fills_an_fp32_main_grad_without_te(function_class, rebu
 
 @pytest.mark.parametrize("check", CONTRACT, ids=lambda check: check.__name__)
 def test_the_contract(check):
-    """Every check but the hashes resolves the target as this release's resolver does."""
-    if check is not contract.vendored_code_matches_its_hashes:
-        pytest.skip(NEEDS_THE_KIND)
     check(ENTRY)
 
 
-@pytest.mark.skip(reason=NEEDS_THE_KIND or "runs once the kind lands")
 def test_apply_widens_the_wgrad_of_megatrons_own_function_and_revert_restores_it(
     layers, function_class
 ):

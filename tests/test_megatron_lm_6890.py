@@ -1,7 +1,7 @@
 """megatron-lm-6890: the fused MLA YaRN RoPE kernels mask on the head index.
 
-The kernels are module attributes that are not functions (Triton ``Autotuner`` objects),
-which needs the module-attribute kind, so the entry is not in the catalog yet. Here: the
+The kernels are module attributes that are not functions (Triton ``Autotuner`` objects):
+``ModuleAttribute`` targets, rebound in every module that holds them. Here: the
 rule's edit (five masks, the decorators kept), the sniff's verdicts from what a child saw,
 how it names kernels for the child and keeps what it saw, ``UPSTREAM.toml`` (two open pull
 requests, no SHA), and (slow) the real child: ``TRITON_INTERPRET=1``, stock 0.19.2 needed,
@@ -19,17 +19,16 @@ from typing import Any
 import pytest
 
 from backports.megatron import Action, apply, revert
+from backports.megatron.catalog import by_id
 from backports.megatron.catalog import megatron_lm_6890 as entry_module
 from backports.megatron.model import ResolvedTarget, SniffFailed
-from backports.megatron.testing import CONTRACT, contract
+from backports.megatron.testing import CONTRACT
 from backports.megatron.upstream_schema import manifest_problems
 from backports.megatron.vendored import vendored_module
 from tests.reports import report_for
-from tests.waiting_for_kinds import entry, skip_reason
 
 ID = "megatron-lm-6890"
-ENTRY = entry(ID)
-NEEDS_THE_KIND = skip_reason(ID)
+ENTRY = by_id(ID)
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = entry_module.KERNELS
 CLEAN = {"exact": True, "guards_intact": True}
@@ -54,12 +53,6 @@ def targets(rope: Any) -> list[ResolvedTarget]:
 def rebuilt_targets(targets: list[ResolvedTarget]) -> list[ResolvedTarget]:
     module = vendored_module(ENTRY.vendored)
     return [dataclasses.replace(t, original=getattr(module, t.attribute)) for t in targets]
-
-
-def test_it_waits_for_its_kind():
-    from backports.megatron import catalog
-
-    assert NEEDS_THE_KIND and ID not in [spec.id for spec in catalog.entries()]
 
 
 # --- the rule -------------------------------------------------------------------------------
@@ -230,13 +223,9 @@ def test_the_schema_refuses_related_prs_that_are_not_pull_request_numbers(bad):
 
 @pytest.mark.parametrize("check", CONTRACT, ids=lambda check: check.__name__)
 def test_the_contract(check):
-    """Every check but the hashes resolves the targets as this release's resolver does."""
-    if check is not contract.vendored_code_matches_its_hashes:
-        pytest.skip(NEEDS_THE_KIND)
     check(ENTRY)
 
 
-@pytest.mark.skip(reason=NEEDS_THE_KIND or "runs once the kind lands")
 def test_apply_rebinds_the_four_kernels_everywhere_and_revert_puts_back_the_very_objects(rope):
     import sys
 

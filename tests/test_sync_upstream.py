@@ -42,10 +42,9 @@ import sync_upstream  # noqa: E402  (the thin wrapper users call)
 from backports.megatron.catalog import CATALOG, MEGATRON_LM_7617  # noqa: E402
 from backports.megatron.sync import commands as sync_commands  # noqa: E402
 from backports.megatron.sync import fetch as sync_fetch  # noqa: E402
-from tests.waiting_for_kinds import waiting_ids  # noqa: E402
 
 # --check reads every vendored folder: the catalog's and those of entries left out for now.
-FOLDERS = len(CATALOG) + len(waiting_ids())
+FOLDERS = len(CATALOG)
 
 BACKPORT = "megatron-lm-7617"
 OLD_PATH = "megatron/core/transformer/experimental_attention_variant/ops/tilelang_dsa.py"

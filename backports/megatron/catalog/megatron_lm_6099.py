@@ -19,11 +19,11 @@ from typing import Any
 
 from packaging.version import Version
 
+from ..kinds.constructor import Constructor
 from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
 from ..private_globals import with_globals
-from ._pending_kinds import when_carried
 
-__all__ = ["ENTRY", "SPEC"]
+__all__ = ["SPEC"]
 
 # What the sniff's stand-in process-group collection holds: one object per group, so that
 # the optimizer's use of each is seen by identity.
@@ -126,12 +126,12 @@ def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
 
 _MODULE = "megatron.core.optimizer.layer_wise_optimizer"
 
-ENTRY = BackportSpec(
+SPEC = BackportSpec(
     id="megatron-lm-6099",
     title="Layer-wise optimizer (Muon): TP and expert-TP groups for zero counts and grad norms",
     targets=(
         # Construction-time: reaches only optimizers built after the install.
-        Target(
+        Constructor(
             distribution="megatron-core",
             modules=(_MODULE,),
             attribute="LayerWiseDistributedOptimizer.__init__",
@@ -161,6 +161,3 @@ ENTRY = BackportSpec(
     fixed_in=None,
     sniff=_sniff,
 )
-
-# Left out of the catalog until the tool carries its target kinds (see _pending_kinds).
-SPEC = when_carried(ENTRY, "constructor", "context-decorated-method")

@@ -20,9 +20,8 @@ from typing import Any
 from packaging.version import Version
 
 from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
-from ._pending_kinds import when_carried
 
-__all__ = ["ENTRY", "SPEC"]
+__all__ = ["SPEC"]
 
 _TOKENS, _IN, _OUT = 3, 4, 4  # a [3, 4] input through a [4, 4] weight, sharded on 2 ranks
 
@@ -120,7 +119,7 @@ def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
     return _sniff_body(inspect.unwrap(target.original))
 
 
-ENTRY = BackportSpec(
+SPEC = BackportSpec(
     id="megatron-lm-6624",
     title="GTP linear backward: the weight gradient reduce-scattered in main_grad's dtype",
     targets=(
@@ -141,6 +140,3 @@ ENTRY = BackportSpec(
     fixed_in=None,
     sniff=_sniff,
 )
-
-# Left out of the catalog until the tool carries its target kinds (see _pending_kinds).
-SPEC = when_carried(ENTRY, "staticmethod")

@@ -29,10 +29,10 @@ from typing import Any
 
 from packaging.version import Version
 
+from ..kinds.module_attribute import ModuleAttribute
 from ..model import VENDOR_PACKAGE, BackportSpec, SniffFailed, SniffResult
-from ._pending_kinds import ModuleAttribute, when_carried
 
-__all__ = ["ENTRY", "KERNELS", "SPEC", "kernels_in_child"]
+__all__ = ["KERNELS", "SPEC", "kernels_in_child"]
 
 _MODULE = "megatron.core.fusions.fused_mla_yarn_rope_apply"
 KERNELS = (
@@ -164,7 +164,7 @@ def _sniff(targets: Sequence[Any]) -> SniffResult:
     raise SniffFailed(f"some kernels mask on the head index, some do not: {fixed}")
 
 
-ENTRY = BackportSpec(
+SPEC = BackportSpec(
     id="megatron-lm-6890",
     title="Fused MLA YaRN RoPE: the Triton kernels mask on the head index",
     targets=tuple(
@@ -172,7 +172,7 @@ ENTRY = BackportSpec(
             distribution="megatron-core",
             modules=(_MODULE,),
             attribute=kernel,
-            expects="triton.runtime.autotuner:Autotuner",
+            type_name="triton.runtime.autotuner:Autotuner",
         )
         for kernel in KERNELS
     ),
@@ -181,7 +181,6 @@ ENTRY = BackportSpec(
     # Both pull requests are open: no release carries the fix.
     fixed_in=None,
     sniff=_sniff,
+    # A child interpreter runs the kernels (~15 s): a job decides from the verdict cache.
+    sniff_in_child=True,
 )
-
-# Left out of the catalog until the tool carries its target kinds (see _pending_kinds).
-SPEC = when_carried(ENTRY, "module-attribute")

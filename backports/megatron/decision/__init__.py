@@ -410,18 +410,28 @@ def _with_existing(decision: Decision, kinds: Sequence[Kind]) -> Decision:
             counts[f"{resolved.module_name}.{target.owner_name or target.attribute}"] = count
     if counts:
         decision.evidence["existing_instances"] = counts
-        listed = ", ".join(f"{count} {name}" for name, count in counts.items())
-        decision.reason += f" [built already, not reached by the constructor fix: {listed}]"
+        listed = ", ".join(f"{n} {name.rpartition('.')[2]}" for name, n in counts.items())
+        decision.reason += (
+            f" [{listed} built before the install: the constructor fix cannot reach them; "
+            "build them after apply()]"
+        )
     return decision
 
 
-def sniff_vendored(spec: BackportSpec, module: ModuleType, *, upstream_only: bool) -> SniffResult:
+def sniff_vendored(
+    spec: BackportSpec,
+    module: ModuleType,
+    *,
+    upstream_only: bool,
+    targets: Sequence[Any] | None = None,
+) -> SniffResult:
     """The entry's sniff on what the applier would install from ``module`` (the vendored
-    module, or a candidate), its targets resolved here (importing their modules):
-    upstream-only, or the first composed with the local changes. Never raises: what fails
-    is "not shown fixed", named in the summary."""
+    module, or a candidate), on ``targets`` as resolved (default: resolved here, importing
+    their modules): upstream-only, or the first composed with the local changes. Never
+    raises: what fails is "not shown fixed", named in the summary."""
     try:
-        targets = [kind_of(target).resolve(target, spec.id) for target in spec.targets]
+        if targets is None:
+            targets = [kind_of(target).resolve(target, spec.id) for target in spec.targets]
         mode = UPSTREAM_ONLY if upstream_only else WITH_LOCAL_CHANGES
         built = _replacements(spec, mode, targets, module)
     except Exception as exc:
