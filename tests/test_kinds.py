@@ -154,7 +154,7 @@ def test_an_install_that_cannot_reach_objects_built_before_it_is_the_jobs_one_wa
         ID,
         Verdict.NEEDED,
         Action.INSTALLED,
-        "lacks the fix [2 Optimizer built before the install: the constructor fix cannot reach them]",
+        "lacks the fix [2 Optimizer built before the install: the fix cannot reach them]",
         {"existing_instances": {"x.Optimizer": 2}},
     )
     with pytest.warns(BackportWarning, match="2 Optimizer built before"):
