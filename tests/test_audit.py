@@ -106,6 +106,15 @@ def test_0_18_2_wheel_is_absent(request, capsys):
     assert "with checkpointed_forward and DSAttention._get_index_share_carrier" in carrier["reason"]
 
 
+def test_a_release_before_the_bug_is_absent_saying_so(request, capsys):
+    """#6682's target is in 0.17.1, masked as the fix masks: the bug came with 0.18."""
+    wheel = _wheel(request, "0.17.1")
+    code, reports, _ = _audit(capsys, "--wheel", str(wheel), "--only", "megatron-lm-6682")
+    (report,) = reports
+    assert code == 0 and report["verdict"] == "absent", report
+    assert "0.17.1 predates 0.18, the first release with the bug" in report["reason"]
+
+
 def test_0_19_2_wheel_still_needs_it(request, capsys):
     wheel = _wheel(request, "0.19.2")
     code, reports, _ = _audit(capsys, "--wheel", str(wheel), "--fail-on-landed")

@@ -269,3 +269,52 @@ def test_the_reason_says_a_padded_call_returned_the_wrong_shape(tilelang_dsa, mo
     reason = _status().reason
     assert "unpadded" not in reason
     assert "reaches the kernel padded as" in reason and "returns [1, 2, 16, 512]" in reason
+
+
+@pytest.mark.parametrize("version", ["0.17.0", "0.17.1", "0.17.9.post1"])
+def test_a_release_that_predates_the_bug_is_absent_saying_so(monkeypatch, version):
+    """#6682's target is in 0.17, still masking the identity format: the bug came in 0.18
+    (``bug_since``). Nothing is installed and the reason says why."""
+    monkeypatch.setattr(versions_module.importlib.metadata, "version", lambda name: version)
+    report = report_for(status("megatron-lm-6682"), "megatron-lm-6682")
+    assert report.verdict is Verdict.ABSENT
+    assert f"{version} predates 0.18, the first release with the bug" in report.reason
+    assert "the first release with SFTTokenizer" not in report.reason
+
+
+def test_a_release_from_the_bug_on_is_judged(monkeypatch):
+    real = versions_module.importlib.metadata.version
+    monkeypatch.setattr(
+        versions_module.importlib.metadata,
+        "version",
+        lambda name: "0.18.2" if name == "megatron-core" else real(name),
+    )
+    report = report_for(status("megatron-lm-6682"), "megatron-lm-6682")
+    assert report.verdict is Verdict.NEEDED, report.reason  # the 0.19.2 code, judged
+
+
+def test_a_release_with_only_part_of_the_targets_names_the_part_it_lacks(monkeypatch, tmp_path):
+    """#6793 on a release with ``checkpointed_forward`` but no DSAttention: absent, naming
+    the DSAttention half (read from the files on the path, nothing imported)."""
+    from backports.megatron.catalog import MEGATRON_LM_6793
+    from backports.megatron.decision import early
+
+    monkeypatch.setattr(versions_module.importlib.metadata, "version", lambda name: "0.18.2")
+    has = MEGATRON_LM_6793.targets[0].attribute
+    monkeypatch.setattr(early, "_parts_present", lambda spec: [True, False])
+    report = report_for(status(MEGATRON_LM_6793.id), MEGATRON_LM_6793.id)
+    assert report.verdict is Verdict.ABSENT
+    lacks = MEGATRON_LM_6793.targets[1].attribute
+    assert f"0.18.2 has {has} but not {lacks}, the part of the fix that arrives in 0.19" in (
+        report.reason
+    )
+
+
+def test_the_parts_present_are_read_from_the_source_files():
+    from backports.megatron.catalog import MEGATRON_LM_6793
+    from backports.megatron.decision import early
+
+    assert early._parts_present(MEGATRON_LM_6793) == [True, True]  # 0.19.2 has both
+    ghost = dataclasses.replace(MEGATRON_LM_6793.targets[1], attribute="DSAttention.no_such")
+    spec = dataclasses.replace(MEGATRON_LM_6793, targets=(MEGATRON_LM_6793.targets[0], ghost))
+    assert early._parts_present(spec) == [True, False]

@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 
 from backports.megatron import Action, apply, revert
+from backports.megatron.catalog import by_id
 from backports.megatron.vendored import vendored_module
 from tests.reports import report_for
-from tests.waiting_for_kinds import entry, skip_reason
 
 pytestmark = pytest.mark.gpu
 
 ID = "megatron-lm-6890"
-ENTRY = entry(ID)
+ENTRY = by_id(ID)
 MODULE = "megatron.core.fusions.fused_mla_yarn_rope_apply"
 KERNELS = (
     "rotary_fwd_q_kernel",
@@ -219,7 +219,6 @@ def test_the_rebuilt_kernels_are_exact_and_stock_rewrites_rows(rope, pinned, mon
     print(f"\nstock 0.19.2, wrong [token, batch, head] rows: {counts}")
 
 
-@pytest.mark.skip(reason=skip_reason(ID) or "runs once the kind lands")
 def test_apply_makes_megatrons_own_functions_exact_and_revert_restores_stock(rope, pinned):
     import torch
 

@@ -3,7 +3,8 @@
 In megatron-core 0.18 to 0.19.2, ``SFTTokenizer.tokenize_conversation`` returns unmasked
 targets for the ``identity`` prompt format as it does for ``default``: system, user and
 tool tokens keep their labels, so supervised fine-tuning with ``identity`` trains on the
-prompt as well as the answer.
+prompt as well as the answer. 0.17 masked them: #4450 (first in 0.18) lost it, so 0.17.x
+has the target and not the bug (``bug_since``).
 """
 
 from collections.abc import Callable, Sequence
@@ -100,8 +101,10 @@ SPEC = BackportSpec(
             helpers=("IGNORE_INDEX",),
         ),
     ),
-    # The identity prompt format arrives in 0.18, unmasked from the start.
-    target_since=Version("0.18"),
+    # SFTTokenizer.tokenize_conversation, identity format included, arrives in 0.17, masked;
+    # #4450 (83e7466c60, first released in 0.18) dropped the identity format's masking.
+    target_since=Version("0.17"),
+    bug_since=Version("0.18"),
     # No megatron-core release carries it yet (0.19.2 is the newest on PyPI and lacks it).
     fixed_in=None,
     sniff=_sniff,

@@ -7,16 +7,18 @@ versions read from their metadata. It decides alone when the vendored code drift
 (``absent``); otherwise the targets must be judged.
 """
 
+import ast
 import hashlib
 import importlib
 import os
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from packaging.version import Version
 
-from ..evidence.fingerprints import sha256_file
+from ..evidence.fingerprints import module_file, sha256_file
 from ..evidence.versions import describe, installed_version, release_predates
 from ..model import BackportSpec
 from ..report import Verdict
@@ -119,10 +121,51 @@ def _other_distributions(spec: BackportSpec) -> dict[str, dict[str, str | None]]
     return others
 
 
+def _defines(path: Path, attribute: str) -> bool:
+    """Whether the source file ``path`` defines ``attribute`` ("name" or "Class.method") at
+    its top level, read without importing it."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return False
+    owner, _, name = attribute.rpartition(".")
+    body = tree.body
+    if owner:
+        classes = [n for n in body if isinstance(n, ast.ClassDef) and n.name == owner]
+        body = classes[0].body if classes else []
+    defined = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    for node in body:
+        if isinstance(node, defined) and node.name == name:
+            return True
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return True
+    return False
+
+
+def _parts_present(spec: BackportSpec) -> list[bool]:
+    """Per target: whether a candidate module's file on the path defines it (no import)."""
+    present = []
+    for target in spec.targets:
+        files = [module_file(module) for module in target.modules]
+        present.append(any(f is not None and _defines(f, target.attribute) for f in files))
+    return present
+
+
 def _predates(spec: BackportSpec, installed: Version, version: str) -> str | None:
     """Why the installed release (``version``, described) predates what the backport
-    fixes, or None."""
+    fixes, or None. Where an entry has several targets and the release holds some of them,
+    the reason names the part it lacks."""
     if release_predates(installed, spec.target_since):
+        present = _parts_present(spec) if len(spec.targets) > 1 else []
+        if any(present) and not all(present):
+            parts = list(zip(spec.targets, present, strict=True))
+            has = " and ".join(target.attribute for target, here in parts if here)
+            lacks = " and ".join(target.attribute for target, here in parts if not here)
+            return (
+                f"{version} has {has} but not {lacks}, the part of the fix that arrives in "
+                f"{spec.target_since}: nothing to carry"
+            )
         attributes = " and ".join(target.attribute for target in spec.targets)
         return f"{version} predates {spec.target_since}, the first release with {attributes}"
     if spec.bug_since is not None and release_predates(installed, spec.bug_since):
