@@ -259,7 +259,7 @@ def test_a_broken_install_fails_the_import_in_strict_mode(fired, monkeypatch):
 
 def test_fire_applies_with_the_hook_config(monkeypatch):
     seen = []
-    monkeypatch.setattr(api, "apply", lambda only, strict: seen.append((only, strict)))
+    monkeypatch.setattr(api, "apply_in_job", lambda only, strict: seen.append((only, strict)))
     backports.megatron._job_start(None, strict=False, only=[BACKPORT_ID])
     assert seen == [((BACKPORT_ID,), False)]
 
@@ -268,7 +268,7 @@ def test_fire_never_breaks_the_import_unless_strict(monkeypatch, caplog):
     def broken(only, strict):
         raise BackportError("megatron-lm-7617 is incompatible: ...")
 
-    monkeypatch.setattr(api, "apply", broken)
+    monkeypatch.setattr(api, "apply_in_job", broken)
     with caplog.at_level(logging.ERROR, logger="backports.megatron"):
         backports.megatron._job_start(None, strict=False, only=None)
     assert "job-start apply() failed" in caplog.text
@@ -280,7 +280,7 @@ def test_fire_says_a_failure_once_per_job(monkeypatch, caplog):
     def broken(only, strict):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(api, "apply", broken)
+    monkeypatch.setattr(api, "apply_in_job", broken)
     with caplog.at_level(logging.DEBUG, logger="backports.megatron"):
         backports.megatron._job_start(None, strict=False, only=None)
         # a child: the parent's environment

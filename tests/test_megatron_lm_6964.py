@@ -292,3 +292,29 @@ def test_status_runs_the_two_children_at_once_and_then_reuses_their_verdict(monk
     assert warm.evidence["cache"]["hit"] is True
     assert (warm.verdict, warm.reason) == (cold.verdict, cold.reason)
     assert warm.evidence["behaviour"] == cold.evidence["behaviour"]
+
+
+def _flash_attn_whose_init_raises(folder: Path) -> Path:
+    """A ``flash_attn`` package whose own ``__init__`` raises a non-ImportError (a broken
+    install): ``import flash_attn.cute`` runs it before any finder is asked for ``cute``."""
+    (folder / "flash_attn" / "cute").mkdir(parents=True)
+    (folder / "flash_attn" / "__init__.py").write_text(
+        "raise AttributeError('broken flash_attn')\n"
+    )
+    (folder / "flash_attn" / "cute" / "__init__.py").write_text("")
+    return folder
+
+
+def test_the_guard_keeps_the_flash_attn_package_out_of_the_fa4_import(tmp_path, monkeypatch):
+    """Upstream's fix never imports flash_attn for FA4 without flash-attn-4: the guard keeps
+    the package's own __init__ (run before any finder is asked for ``cute``) out of the FA4
+    probe's import too (issue 33 item 14). Without the guard it raises out of the probe."""
+    monkeypatch.syspath_prepend(str(_flash_attn_whose_init_raises(tmp_path)))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    probe = "from flash_attn.cute import flash_attn_varlen_func"  # attention.py's FA4 import
+    with pytest.raises(AttributeError, match="broken flash_attn"):
+        exec(probe)
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    with fa4_import_guard(), pytest.raises(ModuleNotFoundError, match="flash-attn-4"):
+        exec(probe)  # an ImportError: the probe's own except turns it into HAVE_FA4 = False
+    assert "flash_attn" not in sys.modules

@@ -98,11 +98,26 @@ def test_another_interpreter_is_probed_again(site, monkeypatch):
     assert _digest() != before
 
 
-def test_another_path_is_probed_again(site, monkeypatch, tmp_path):
+def test_another_path_order_is_probed_again(site, monkeypatch, tmp_path):
+    """Two folders offering the same module: which comes first decides what is imported."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "flashattn_hopper.py").write_text(f"# {name}\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "a"))
+    monkeypatch.syspath_prepend(str(tmp_path / "b"))
     before = _digest()
-    (tmp_path / "empty").mkdir()
-    monkeypatch.syspath_prepend(str(tmp_path / "empty"))  # offers nothing: only the path moved
+    sys.path[:2] = sys.path[1::-1]
     assert _digest() != before
+
+
+def test_a_folder_that_offers_nothing_changes_no_key(site, monkeypatch, tmp_path):
+    """A console script's ``bin/`` first on its path, an empty folder: the same imports,
+    so the same key (``backports apply`` proves what a job's ``python`` reuses)."""
+    before = _digest()
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "backports").write_text("#!/usr/bin/env python\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "bin"))
+    assert _digest() == before
 
 
 def test_an_edit_of_the_guarded_module_is_probed_again(site):

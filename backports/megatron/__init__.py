@@ -142,9 +142,9 @@ def _job_start(module: "Any", only: "Any" = None, strict: bool = False) -> None:
     """``apply(only, strict=strict)`` at megatron's first import; never breaks that import,
     unless strict (then the import itself fails)."""
     try:
-        from .api import apply
+        from .api import apply_in_job
 
-        apply(None if only is None else tuple(only), strict=strict)
+        apply_in_job(None if only is None else tuple(only), strict=strict)
     except Exception as exc:
         if strict:
             from .errors import StartUpFailure

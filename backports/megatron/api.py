@@ -31,6 +31,7 @@ __all__ = [
     "WITH_LOCAL_CHANGES",
     "applied",
     "apply",
+    "apply_in_job",
     "disabled_reason",
     "installed_mode",
     "is_deferred",
@@ -128,12 +129,16 @@ def _deferred_report(spec: BackportSpec, decision: Decision) -> Report:
     return Report(spec.id, Verdict.NEEDED, Action.DEFERRED, decision.reason, evidence)
 
 
-def _apply_all(specs: list[BackportSpec], strict: bool, mode: str) -> list[Report]:
+def _apply_all(
+    specs: list[BackportSpec], strict: bool, mode: str, child_sniffs: bool
+) -> list[Report]:
     """Decide each backport (one decision each), install the needed ones together, watch
     the installed and the deferred ones for their targets' import."""
     early = [_already(spec, mode) for spec in specs]
     decisions = {
-        spec.id: decide(spec, mode, importing=False, child_sniffs=False, plugin=origin(spec.id))
+        spec.id: decide(
+            spec, mode, importing=False, child_sniffs=child_sniffs, plugin=origin(spec.id)
+        )
         for spec, report in zip(specs, early, strict=True)
         if report is None
     }
@@ -146,7 +151,8 @@ def _apply_all(specs: list[BackportSpec], strict: bool, mode: str) -> list[Repor
             report = _deferred_report(spec, decision) if waits else next(settled)
             if report.action in (Action.INSTALLED, Action.DEFERRED):
                 # Watched for its import, and for a reload or re-import once installed.
-                deferred.watch(deferred.Watch(spec, strict, mode, origin(spec.id)))
+                watched = deferred.Watch(spec, strict, mode, origin(spec.id), child_sniffs)
+                deferred.watch(watched)
         assert report is not None
         reports.append(report)
     return reports
@@ -162,18 +168,37 @@ def apply(
 
     ``upstream_only=True`` (default: ``MEGATRON_BACKPORTS_UPSTREAM_ONLY=1``) installs the
     vendored code alone, without this project's local changes; asking for the other mode
-    than the installed one swaps the replacement.
+    than the installed one swaps the replacement. A backport whose sniff starts child
+    interpreters is proven here where the verdict cache has no answer (the start-up hook's
+    ``apply`` in a job's processes reads the cache only: ``apply_in_job``).
     """
+    return _apply(only, strict, upstream_only, child_sniffs=True)
+
+
+def apply_in_job(only: tuple[str, ...] | None = None, strict: bool = False) -> list[Report]:
+    """``apply`` as the start-up hook runs it in every process of a job: a sniff that starts
+    child interpreters is not run (the verdict cache answers, or the backport waits for its
+    proof, saying so once)."""
+    return _apply(only, strict, None, child_sniffs=False)
+
+
+def _apply(
+    only: str | Iterable[str] | None,
+    strict: bool,
+    upstream_only: bool | None,
+    *,
+    child_sniffs: bool,
+) -> list[Report]:
     mode = _mode(upstream_only)
     ids = _selection(only)
     _warn_unknown_skips()
     with SESSION.lock, one_look():
-        reports = _apply_all(select(ids), strict, mode)
+        reports = _apply_all(select(ids), strict, mode, child_sniffs)
         for report in reports:  # in catalog order, once every outcome is recorded
-            announce(report)
+            announce(report, stacklevel=4)
     held_back = _withheld(ids, Action.SKIPPED)
     for report in held_back:
-        announce(report)
+        announce(report, stacklevel=4)
     reports = _sourced(reports) + held_back
     if strict:
         bad = [r for r in reports if r.verdict is Verdict.INCOMPATIBLE]
@@ -195,6 +220,8 @@ def _status_one(spec: BackportSpec, ignore_switches: bool = False) -> Report:
     mode = _mode(None) if current is None else current
     decision = decide(spec, mode, importing=True, child_sniffs=True, plugin=origin(spec.id))
     assert decision.verdict is not None  # importing: every target is judged
+    # Importing the targets may have fired a deferred install (apply ran before the import).
+    current = installed_mode(spec.id)
     if ignore_switches:
         action = Action.WOULD_SKIP
     elif current is not None:

@@ -30,16 +30,22 @@ _PRELUDE = (
 )
 
 
+def _of_the_working_directory(entry: str, cwd: str) -> bool:
+    """``''``, the folder itself, or a relative path that names something in it (a
+    relative entry that names nothing is a path hook's key, such as an editable install's
+    placeholder: kept)."""
+    if not entry:
+        return True
+    if os.path.isabs(entry):
+        return os.path.realpath(entry) == cwd
+    return os.path.exists(entry)
+
+
 def child_path(first: Sequence[str] = ()) -> list[str]:
-    """``first``, then this process's ``sys.path`` without the working directory (neither
-    ``''`` nor the folder itself): what a child searches, and what a verdict it gave is
-    keyed on."""
+    """``first``, then this process's ``sys.path`` without the working directory: what a
+    child searches, and what a verdict it gave is keyed on."""
     cwd = os.path.realpath(os.getcwd())
-    kept = [
-        entry
-        for entry in sys.path
-        if entry and os.path.isabs(entry) and os.path.realpath(entry) != cwd
-    ]
+    kept = [entry for entry in sys.path if not _of_the_working_directory(entry, cwd)]
     return list(dict.fromkeys([*first, *kept]))
 
 

@@ -50,11 +50,15 @@ def _address(target: Any) -> tuple[str, str]:
     """(module, attribute) where a child finds the kernel ``target.original``: the target's
     own module (the installed kernel), the vendored module, or any module holding it."""
     name, kernel = target.attribute, target.original
-    if vars(target.module).get(name) is kernel:
-        return target.module.__name__, name
+    # The module holds it, or our replacement stands there (``installed``) and ``original``
+    # is what stood before: in a child, where the backports are off, the module holds it.
+    # The vendored module first: once installed, its kernel also stands in the target module,
+    # where a child (backports off) finds the installed one instead.
     vendored = sys.modules.get(_VENDORED)
     if vendored is not None and getattr(vendored, name, None) is kernel:
         return _VENDORED, name
+    if vars(target.module).get(name) is kernel or getattr(target, "installed", None) is not None:
+        return target.module.__name__, name
     for module_name, module in list(sys.modules.items()):
         if isinstance(module, ModuleType) and vars(module).get(name) is kernel:
             return module_name, name

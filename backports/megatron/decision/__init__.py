@@ -15,6 +15,7 @@ from types import ModuleType
 from typing import Any
 
 from .. import children
+from ..evidence.fingerprints import offering_imports
 from ..kinds import Kind, TargetMissing, kind_of
 from ..local_changes import wrap_all
 from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec, SniffResult
@@ -29,9 +30,16 @@ from .judging import (
     unproven_reason,
     vendored_behaviour,
 )
-from .sniffing import folder_name, run_sniffs, stand_ins, stub_of
+from .sniffing import folder_name, run_sniffs, sniffs_in_this_thread, stand_ins, stub_of
 
-__all__ = ["Decision", "Replacements", "cache_key", "decide", "sniff_vendored"]
+__all__ = [
+    "Decision",
+    "Replacements",
+    "cache_key",
+    "decide",
+    "sniff_vendored",
+    "sniffs_in_this_thread",
+]
 
 _LOG = logging.getLogger(__name__)
 
@@ -61,6 +69,10 @@ class Decision:
     evidence: dict[str, Any] = field(default_factory=dict)
     targets: tuple[Any, ...] = ()
     built: Replacements | None = None
+    # False: ``needed`` by the evidence that needs no sniff, the replacement not shown to
+    # carry the fix here (a sniff in children a job's process does not start): never
+    # installed on that alone.
+    proven: bool = True
 
     @property
     def upstream_only(self) -> bool:
@@ -68,7 +80,11 @@ class Decision:
 
     @property
     def installable(self) -> bool:
-        return self.verdict is Verdict.NEEDED and len(self.targets) == len(self.spec.targets)
+        return (
+            self.verdict is Verdict.NEEDED
+            and self.proven
+            and len(self.targets) == len(self.spec.targets)
+        )
 
     def replacements(self) -> Replacements:
         """What replaces each target in this decision's mode, built once."""
@@ -230,7 +246,7 @@ def _cache_key(
             spec,
             early.hashes.every_file(),
             fingerprints,
-            child_path=children.child_path() if in_child else None,
+            child_path=offering_imports(children.child_path()) if in_child else None,
             plugin=plugin,
         )
     except Exception as exc:  # an optimisation only: never a reason to fail or to skip
@@ -284,15 +300,18 @@ def _replacements(
 
 def _unsniffed(spec: BackportSpec, mode: str, early: Early, targets: tuple[Any, ...]) -> Decision:
     """A backport whose sniff starts child interpreters, decided in a job's process where
-    the verdict cache has no answer: installed on the evidence that needs no sniff (the
-    version does not say it landed); ``backports status`` runs the sniff and keeps it."""
+    the verdict cache has no answer: needed by the evidence that needs no sniff (no release
+    says it landed), but nothing shows its replacement carries the fix here, so it is not
+    installed. ``backports apply`` (or ``status``) runs the sniff once and keeps the proof
+    for every process of the environment."""
     evidence = early.evidence
     evidence["behaviour"] = {"sniffed": False}
     reason = (
-        f"{early.version}: not sniffed in this process (the sniff starts child interpreters; "
-        "`backports status` runs it and keeps the verdict for every process)"
+        f"{early.version}: not proven in this environment yet (its sniff starts child "
+        "interpreters, which a job's process does not): run `backports apply` or `backports "
+        "status` once; they keep the proof for every process"
     )
-    return Decision(spec, mode, Verdict.NEEDED, reason, evidence, targets)
+    return Decision(spec, mode, Verdict.NEEDED, reason, evidence, targets, proven=False)
 
 
 def _sniffed(

@@ -120,13 +120,31 @@ def _set_generator_states(states: dict[str, Any]) -> None:
         sys.modules["torch"].set_rng_state(states["torch"])
 
 
+_THIS_THREAD = threading.local()
+
+
+@contextlib.contextmanager
+def sniffs_in_this_thread() -> Iterator[None]:
+    """Sniffs run in the calling thread, one after another, with no time limit, while this
+    is entered: for decisions made inside an import (the deferred path). That thread holds
+    the module's import lock, and a sniff thread that imports the module (a vendored
+    module's ``__getattr__`` does) would wait on it forever."""
+    before = getattr(_THIS_THREAD, "inline", False)
+    _THIS_THREAD.inline = True
+    try:
+        yield
+    finally:
+        _THIS_THREAD.inline = before
+
+
 def run_sniffs(
     spec: BackportSpec, target_sets: Sequence[Sequence[Any]], *, in_child: bool
 ) -> list[SniffResult | BaseException]:
     """``spec.sniff(targets)`` for each set of targets, each in a thread of its own, side by
     side (a sniff that starts child interpreters waits on them), within the time limit, with
-    the process state put back afterwards. Per set: the ``SniffResult``, or what the sniff
-    raised (``SniffFailed`` when it timed out, ``TypeError`` for a result of another type)."""
+    the process state put back afterwards (in this thread, with no limit, inside
+    ``sniffs_in_this_thread``). Per set: the ``SniffResult``, or what the sniff raised
+    (``SniffFailed`` when it timed out, ``TypeError`` for a result of another type)."""
     limit = sniff_time_limit(in_child)
     outcomes: list[list[Any]] = [[] for _ in target_sets]
 
@@ -136,6 +154,11 @@ def run_sniffs(
         except BaseException as exc:
             outcome.append(exc)
 
+    if getattr(_THIS_THREAD, "inline", False):
+        with _process_state_kept():
+            for targets, outcome in zip(target_sets, outcomes, strict=True):
+                sniff(targets, outcome)
+        return [_outcome(outcome, limit) for outcome in outcomes]
     with _process_state_kept():
         threads = [
             threading.Thread(

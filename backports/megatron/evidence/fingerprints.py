@@ -139,6 +139,17 @@ def _folder_contents(folder: str) -> list[Any]:
     return found
 
 
+def offering_imports(path: Sequence[str]) -> list[str]:
+    """The folders of ``path`` that offer an import something (a ``bin/`` folder of
+    scripts, an empty folder: none): where two interpreters' paths differ only by such
+    folders, they import the same things in the same order (read once per look)."""
+    return [folder for folder in path if _offers(folder)]
+
+
+def _offers(folder: str) -> bool:
+    return remembered(("fingerprints", "offers", folder), lambda: bool(_folder_contents(folder)))
+
+
 def _read_import_environment() -> str:
     digest = hashlib.sha256()
     for folder in sys.path:  # where each folder is, and their order

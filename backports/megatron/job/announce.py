@@ -1,9 +1,10 @@
 """The job's one warning per backport: a skip (or an install that could not reach what it
 fixes) said once, by rank 0, not again in the processes it starts.
 
-An install is logged at INFO; a backport skipped as ``upstream``, ``incompatible`` or
-``absent`` gets one ``BackportWarning``, and so does an install with something the user must
-act on (objects built before a constructor fix). The same news in a child process is not
+An install is logged at INFO; a backport skipped (``upstream``, ``incompatible``, ``absent``,
+or ``needed`` but not proven in this environment yet) gets one ``BackportWarning``, and so
+does an install with something the user must act on (objects built before a constructor
+fix); a backport the user turned off gets none. The same news in a child process is not
 said again (``interpreter.once_per_job``); another reason (a new sniff, another version) is.
 """
 
@@ -19,7 +20,6 @@ from ..session import SESSION
 __all__ = ["announce", "forget"]
 
 _LOG = logging.getLogger(__name__)
-_SKIPPED = (Verdict.UPSTREAM, Verdict.INCOMPATIBLE, Verdict.ABSENT)
 
 
 def _said_key(report: Report) -> str:
@@ -46,8 +46,8 @@ def _news(report: Report) -> str | None:
         if report.evidence.get("existing_instances"):
             return f"megatron-backports: {report.id} installed, but {report.reason}"
         return None
-    if report.action is not Action.SKIPPED or report.verdict not in _SKIPPED:
-        return None
+    if report.action is not Action.SKIPPED or report.verdict is Verdict.DISABLED:
+        return None  # a disabled backport is the user's own choice
     return f"megatron-backports: {report.id} not applied ({report.verdict}): {report.reason}"
 
 

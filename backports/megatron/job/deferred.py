@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from ..catalog import entries
-from ..decision import decide
+from ..decision import decide, sniffs_in_this_thread
 from ..errors import BackportError
 from ..evidence.one_look import one_look
 from ..interpreter import import_hooks
@@ -38,6 +38,9 @@ class Watch:
     strict: bool
     mode: str
     plugin: tuple[str, str] | None
+    # Whether a sniff that starts child interpreters may run at the import (an explicit
+    # ``apply()``), or the verdict cache must answer (a job's start-up hook).
+    child_sniffs: bool = False
 
 
 class _StrictFailure(BackportError):
@@ -93,10 +96,11 @@ def on_target_import(module: ModuleType) -> None:
     callback registered under several keys once per import): their installs share one scan
     for aliases. A strict backport that is incompatible fails the import before anything is
     installed in it."""
-    with SESSION.lock, one_look():
+    # In the importing thread: it holds the module's import lock (see sniffs_in_this_thread).
+    with SESSION.lock, one_look(), sniffs_in_this_thread():
         due = _due(module.__name__)
         decisions = [
-            decide(w.spec, w.mode, importing=False, child_sniffs=False, plugin=w.plugin)
+            decide(w.spec, w.mode, importing=False, child_sniffs=w.child_sniffs, plugin=w.plugin)
             for w in due
         ]
         ready = [(w, d) for w, d in zip(due, decisions, strict=True) if d.verdict is not None]

@@ -30,8 +30,10 @@ class Constructor(Target):
 
 
 def _instances(cls: type) -> int:
-    """Objects of ``cls`` (or a subclass) the garbage collector tracks now."""
-    return sum(1 for obj in gc.get_objects() if isinstance(obj, cls))
+    """Objects of ``cls`` (or a subclass) the garbage collector tracks now. By their type
+    alone: ``isinstance`` would also ask each object's ``__class__``, which some answer
+    with a warning (torch's deprecated ``reduce_op``) or worse."""
+    return sum(1 for obj in gc.get_objects() if issubclass(type(obj), cls))
 
 
 class ConstructorKind(FunctionKind):
