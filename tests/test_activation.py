@@ -17,6 +17,7 @@ import pytest
 import backports.megatron
 from backports.megatron import Action, BackportError, activation, api, import_guards, job_start
 from backports.megatron.activation import post_import, start_up
+from backports.megatron.activation.hook_file import START_FILE
 from backports.megatron.catalog import CATALOG
 from tests.conftest import BACKPORT_ID
 
@@ -283,9 +284,10 @@ def test_write_read_remove_are_idempotent(tmp_path):
     assert job_start.write_hook(tmp_path) == (state, False)
     strict, changed = job_start.write_hook(tmp_path, (BACKPORT_ID,), strict=True)
     assert changed and strict.config == {"strict": True, "only": (BACKPORT_ID,)}
-    assert [p.name for p in tmp_path.iterdir()] == [activation.HOOK_FILE]  # no temp files
+    # The .pth file and its PEP 829 twin, and no temp files.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [activation.HOOK_FILE, START_FILE]
     removed, did = activation.remove_hook(tmp_path)
-    assert did and removed.exists and not (tmp_path / activation.HOOK_FILE).exists()
+    assert did and removed.exists and list(tmp_path.iterdir()) == []
     again, did = activation.remove_hook(tmp_path)
     assert not did and not again.exists
 
