@@ -77,6 +77,7 @@ def test_the_start_file_names_one_entry_point_in_the_colon_form(tmp_path):
     assert entries == ["backports.megatron:_start_up_from_start_file"]
     assert pkgutil.resolve_name(entries[0]) is package._start_up_from_start_file
     assert Path(START_FILE).stem == Path(HOOK_FILE).stem  # what makes the two "matching"
+    assert package._START_FILE == START_FILE  # the entry point reads what apply writes
 
 
 def test_the_entry_point_reads_the_first_start_file_on_an_absolute_path(
