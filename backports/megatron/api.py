@@ -689,8 +689,7 @@ from dataclasses import dataclass  # noqa: E402 (this section's own imports)
 
 from packaging.version import InvalidVersion, Version  # noqa: E402
 
-ENV_CACHE = verdict_cache.CACHE
-ENV_SKIP_PLUGINS = switches.SKIP_PLUGINS
+ENV_CACHE = verdict_cache.CACHE  # audit's child probes with the cache off
 
 
 def selected_ids(only: str | Iterable[str] | None = None) -> list[str]:
