@@ -161,8 +161,11 @@ def test_version_help_and_sync_check_import_no_entry_and_no_plugin(marking_plugi
 
 # ---- Ctrl-C ----------------------------------------------------------------------------------
 
+# Ctrl-C reaches a command run from a terminal; a suite started with SIGINT ignored (nohup,
+# `cmd &`) would hand its children that, so the child restores what a terminal gives.
 _INTERRUPTIBLE = """
-import sys
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from backports.megatron.cli import main
 print("ready", file=sys.stderr, flush=True)
 sys.exit(main(sys.argv[1:]))
