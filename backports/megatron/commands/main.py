@@ -12,7 +12,7 @@ from contextlib import nullcontext
 
 from .. import exit_status
 from ..errors import BackportError
-from . import _job, main_parser, output
+from . import main_parser, output
 
 __all__ = ["main"]
 
@@ -33,6 +33,9 @@ def _run(argv: Sequence[str] | None) -> int:
     args.json = args.format != "table"  # machine-readable: stdout holds the JSON alone
     args.warning_notes = []
     # This process decides explicitly; the environment's hook must not apply on its own.
+    # Imported here, past the parse: --help and --version need no hook file (importlib.metadata).
+    from . import _job
+
     _job.ignore_this_interpreters_trigger()
     quiet = nullcontext() if args.verbose else output.import_notices_hidden()
     with quiet, output.warnings_as_notes(args.warning_notes):
