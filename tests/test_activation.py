@@ -20,6 +20,7 @@ from backports.megatron.catalog import CATALOG
 from backports.megatron.interpreter import import_hooks as post_import
 from backports.megatron.job import hook_file, start_up
 from backports.megatron.job import startup_hook as job_start
+from backports.megatron.job.hook_file import START_FILE
 from backports.megatron.kinds import install
 from tests.conftest import BACKPORT_ID
 
@@ -297,9 +298,10 @@ def test_write_read_remove_are_idempotent(tmp_path):
     assert job_start.write_hook(tmp_path) == (state, False)
     strict, changed = job_start.write_hook(tmp_path, (BACKPORT_ID,), strict=True)
     assert changed and strict.config == {"strict": True, "only": (BACKPORT_ID,)}
-    assert [p.name for p in tmp_path.iterdir()] == [hook_file.HOOK_FILE]  # no temp files
+    # The .pth file and its PEP 829 twin, and no temp files.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [hook_file.HOOK_FILE, START_FILE]
     removed, did = hook_file.remove_hook(tmp_path)
-    assert did and removed.exists and not (tmp_path / hook_file.HOOK_FILE).exists()
+    assert did and removed.exists and list(tmp_path.iterdir()) == []
     again, did = hook_file.remove_hook(tmp_path)
     assert not did and not again.exists
 

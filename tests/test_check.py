@@ -9,8 +9,8 @@ import json
 import pytest
 
 from backports.megatron import Action, Report, Verdict, cli
-from backports.megatron.catalog import MEGATRON_LM_7617
-from backports.megatron.check import judge
+from backports.megatron.api import target_releases
+from backports.megatron.commands.check import judge
 from tests.conftest import BACKPORT_ID
 
 # Fixtures: the real catalog entry reading its vendored code from an editable copy.
@@ -38,7 +38,7 @@ def report(verdict: Verdict, action: Action = Action.WOULD_SKIP, **distribution:
 def test_judge(verdict: Verdict, applied_action: Action | None, ok: bool) -> None:
     probed = report(verdict, version="0.19.2")
     applied = None if applied_action is None else report(verdict, applied_action)
-    assert judge(MEGATRON_LM_7617, probed, applied).ok is ok
+    assert judge(target_releases(BACKPORT_ID), probed, applied).ok is ok
 
 
 @pytest.mark.parametrize(
@@ -53,7 +53,7 @@ def test_judge(verdict: Verdict, applied_action: Action | None, ok: bool) -> Non
     ],
 )
 def test_an_absent_target_passes_only_before_it_existed(version: str | None, ok: bool) -> None:
-    judgement = judge(MEGATRON_LM_7617, report(Verdict.ABSENT, version=version), None)
+    judgement = judge(target_releases(BACKPORT_ID), report(Verdict.ABSENT, version=version), None)
     assert judgement.ok is ok
 
 

@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from backports.megatron import cli, import_notices, revert, status
+from backports.megatron import api, cli, revert, status
 from backports.megatron.catalog import CATALOG
+from backports.megatron.commands import output
 from backports.megatron.job import hook_file, start_up
 from backports.megatron.job import startup_hook as job_start
+from backports.megatron.job.hook_file import START_FILE
 from backports.megatron.session import SESSION
 from tests import standins
 from tests.conftest import BACKPORT_ID
@@ -78,7 +80,8 @@ def test_after_apply_status_says_the_hook_installs_it(tilelang_dsa, capsys, star
     assert code == 0 and row.split()[3:5] == ["needed", "active-via-hook"]
     assert "the start-up hook installs it in each new process" in row
     path = start_up_reads / hook_file.HOOK_FILE
-    assert hook == f"hook: {path} activates the backports in every new interpreter"
+    twin = f"(and {START_FILE} for Python 3.15+)"
+    assert hook == f"hook: {path} {twin} activates the backports in every new interpreter"
     _, out, _ = _main(capsys, "status", "--json", "--site-dir", str(start_up_reads))
     report = report_for(json.loads(out), BACKPORT_ID)
     assert (
@@ -87,6 +90,7 @@ def test_after_apply_status_says_the_hook_installs_it(tilelang_dsa, capsys, star
     assert report["evidence"]["hook"] == {
         "path": str(start_up_reads / hook_file.HOOK_FILE),
         "exists": True,
+        "start_file": str(start_up_reads / START_FILE),
         "current": True,
         "runs_at_startup": True,
         "applies": True,
@@ -198,7 +202,8 @@ def test_revert_in_a_new_process_says_it_removed_the_hook(tilelang_dsa, capsys, 
     hook = tmp_path / hook_file.HOOK_FILE
     assert row.split()[:2] == [BACKPORT_ID, "reverted"]
     assert f"removed the start-up hook {hook}: new processes do not apply it" in row
-    assert code == 0 and note == f"hook: removed {hook}" and not hook.exists()
+    assert code == 0 and note == f"hook: removed {hook} and {tmp_path / START_FILE}"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_revert_json_reports_what_it_did_with_the_probed_verdict(tilelang_dsa, capsys, tmp_path):
@@ -337,7 +342,7 @@ def test_verbose_shows_import_notices_wherever_it_goes(
         warnings.warn(TE_NOTICE, UserWarning, stacklevel=1)
         return status(only)
 
-    monkeypatch.setattr(cli, "status", status_importing_megatron)
+    monkeypatch.setattr(api, "status", status_importing_megatron)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert _main(capsys, *argv, "--site-dir", str(tmp_path))[0] == 0
@@ -358,7 +363,7 @@ def test_known_import_notices_are_hidden_and_others_are_not(caplog):
     logger = logging.getLogger("torch.utils.cpp_extension")
     with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
         warnings.simplefilter("always")
-        with import_notices.hidden():
+        with output.import_notices_hidden():
             for category, message in notices:
                 warnings.warn(message, category, stacklevel=1)
             warnings.warn("Transformer Engine is broken", UserWarning, stacklevel=1)

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from backports.megatron import cli, json_output, status, table
+from backports.megatron import cli, status
 from backports.megatron.catalog import CATALOG
+from backports.megatron.commands import output
 from backports.megatron.job import hook_file
 from backports.megatron.session import SESSION
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
@@ -47,21 +48,58 @@ def start_up_reads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 # ---- the table ------------------------------------------------------------------------------
 
 
+# What every reason starts with on megatron-core 0.19.2, where each backport is needed.
+SHARED = "megatron-core 0.19.2 lacks the fix: "
+
+
 @pytest.mark.parametrize("columns", [80, 120])
-def test_status_on_a_terminal_fits_its_width(tilelang_dsa, monkeypatch, tmp_path, columns):
+def test_status_on_a_terminal_fits_its_width_and_shows_what_differs(
+    tilelang_dsa, monkeypatch, tmp_path, columns
+):
+    """The start all reasons share is said once under the table; each row shows the
+    beginning of what is its own, word for word (issue 36.5)."""
     monkeypatch.setenv("NO_COLOR", "1")
     code, lines = _on_terminal(monkeypatch, columns, "status", "--site-dir", str(tmp_path))
     rows = lines[1 : 1 + len(CATALOG)]
     table_lines = [lines[0], *rows]
     assert code == 0 and all(len(line) <= columns for line in table_lines), table_lines
     reasons = {r.id: r.reason for r in status()}
+    assert all(reason.startswith(SHARED) for reason in reasons.values())
+    shown = {}
     for row in rows:
         backport_id = row.split()[0]
-        assert row.endswith(table.ELLIPSIS)  # every reason is longer than the room left
-        # What is left of the reason is its beginning, word for word.
-        shown = row.removesuffix(table.ELLIPSIS).split("  ")[-1].strip()
-        assert len(shown) >= 20 and reasons[backport_id].startswith(shown)
+        shown[backport_id] = row.removesuffix(output.ELLIPSIS).split("  ")[-1].strip()
+        assert len(shown[backport_id]) >= 20
+        assert reasons[backport_id].removeprefix(SHARED).startswith(shown[backport_id])
+    assert len(set(shown.values())) == len(rows)  # no two rows say the same
+    assert lines[1 + len(CATALOG)] == f'(every reason above begins "{SHARED.strip()}")'
     assert "verdict" in lines[0] and "action" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("reasons", "width", "shown", "said"),
+    [
+        # 10 columns left for the reason: the shared phrase goes under the table
+        (
+            ["v1 lacks: aaaa bbbb", "v1 lacks: cccc dddd"],
+            14,
+            ["aaaa bbbb", "cccc dddd"],
+            "v1 lacks:",
+        ),
+        # shared up to the last whole phrase only, never into a word ("a")
+        (["v1: x: ab zzz", "v1: x: ac zzz"], 12, ["ab zzz", "ac zzz"], "v1: x:"),
+        # nothing shared, one row, or no cut: cut as ever, nothing said
+        (["aaaa: bbbbbbb", "cccc: ddddddd"], 12, ["aaaa: b…", "cccc: d…"], None),
+        (["v1 lacks: aaaa bbbb"], 14, ["v1 lacks:…"], None),
+        (["v1 lacks: aa", "v1 lacks: bb"], 40, ["v1 lacks: aa", "v1 lacks: bb"], None),
+    ],
+)
+def test_render_drops_only_a_shared_start_it_would_cut(reasons, width, shown, said):
+    rows = [["id", "reason"], *([str(i), r] for i, r in enumerate(reasons))]
+    lines = output.render(rows, output.Layout(width, False)).splitlines()
+    assert [line.split("  ", 1)[1].strip() for line in lines[1 : 1 + len(reasons)]] == shown
+    under = " ".join(lines[1 + len(reasons) :]).split()  # wrapped to the width, as notes are
+    assert under == ([] if said is None else f'(every reason above begins "{said}")'.split())
 
 
 def test_the_notes_under_the_table_wrap_to_the_width_and_lose_no_word(
@@ -75,6 +113,7 @@ def test_the_notes_under_the_table_wrap_to_the_width_and_lose_no_word(
     _, lines = _on_terminal(monkeypatch, 80, *argv)
     _, whole = _on_terminal(monkeypatch, 100_000, *argv)
     notes, whole_notes = lines[1 + len(CATALOG) :], whole[1 + len(CATALOG) :]
+    notes = [note for note in notes if not note.startswith("(every reason above begins")]
     assert any(len(note) > 80 for note in whole_notes)
     assert all(len(line) <= 80 or " " not in line.strip() for line in notes), notes
     assert " ".join(notes).split() == " ".join(whole_notes).split()
@@ -96,7 +135,7 @@ def test_verbose_and_pipes_keep_the_reason_whole(tilelang_dsa, monkeypatch, tmp_
     assert all(any(line.endswith(reason) for line in lines) for reason in reasons)
     cli.main(["status", "--site-dir", str(tmp_path)])  # capsys: not a terminal
     out = capsys.readouterr().out
-    assert all(reason in out for reason in reasons) and table.ELLIPSIS not in out
+    assert all(reason in out for reason in reasons) and output.ELLIPSIS not in out
 
 
 def test_colours_only_on_a_terminal_and_never_under_no_color(tilelang_dsa, monkeypatch, tmp_path):
@@ -116,13 +155,13 @@ def test_colours_only_on_a_terminal_and_never_under_no_color(tilelang_dsa, monke
 
 def test_render_cuts_only_the_last_column_and_keeps_short_lines_whole():
     rows = [["id", "up", "reason"], ["a", "NV#1", "x" * 50], ["bb", "NV#22", "short"]]
-    lines = table.render(rows, table.Layout(30, False)).splitlines()
+    lines = output.render(rows, output.Layout(30, False)).splitlines()
     assert lines == [
         "id  up     reason",
-        "a   NV#1   " + "x" * 18 + table.ELLIPSIS,
+        "a   NV#1   " + "x" * 18 + output.ELLIPSIS,
         "bb  NV#22  short",
     ]
-    assert table.render(rows, table.Layout(None, False)).splitlines()[1].endswith("x" * 50)
+    assert output.render(rows, output.Layout(None, False)).splitlines()[1].endswith("x" * 50)
 
 
 # ---- warnings, the switches -----------------------------------------------------------------
@@ -168,7 +207,7 @@ def test_the_json_object_holds_the_list_a_schema_version_and_a_summary(
     code = cli.main([*command, "--format", "json-object"])
     document = json.loads(capsys.readouterr().out)
     assert isinstance(listed, list) and code == 0
-    assert document["schema_version"] == json_output.SCHEMA_VERSION
+    assert document["schema_version"] == output.SCHEMA_VERSION
     assert document["command"] == command[0]
     assert [r["id"] for r in document["reports"]] == [r["id"] for r in listed]
     summary = document["summary"]

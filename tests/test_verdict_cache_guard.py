@@ -291,7 +291,7 @@ def test_off_the_guard_is_probed(site, cache, monkeypatch):
 
 def test_audit_never_keeps_a_candidates_verdict(monkeypatch, tmp_path):
     """The candidate's verdict would displace this environment's (one file per id)."""
-    from backports.megatron import audit
+    from backports.megatron.commands import _candidate as audit
 
     monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE", "1")  # on here: off in the child
     seen: dict[str, str] = {}

@@ -56,7 +56,7 @@ def main() -> int:
     import importlib
     from contextlib import nullcontext
 
-    from backports.megatron.import_notices import hidden
+    from backports.megatron.commands.output import import_notices_hidden as hidden
 
     # Without CUDA, Transformer Engine, Apex or absl, torch and megatron print ~11 lines of
     # notices on import that bury the result: hidden, as by `backports`; -v shows them.

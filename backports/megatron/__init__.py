@@ -192,3 +192,36 @@ def _start_up(packages: "tuple[str, ...]", config: "dict[str, Any]") -> "_Trigge
     if trigger.packages.intersection(sys.modules):
         trigger.fire_now()
     return trigger
+
+
+_START_FILE = "megatron_backports_startup.start"  # activation.hook_file.START_FILE
+
+
+def _start_up_from_start_file() -> "_Trigger | None":
+    """PEP 829's entry point (Python 3.15+ runs it, with no argument, from the hook's
+    ``.start`` file): ``_start_up`` with what that file's comment lines say.
+
+    The file is the first one in an absolute ``sys.path`` folder (site adds every site dir
+    there before it runs an entry point); None when there is none (a stray call).
+    """
+    for folder in sys.path:
+        if not os.path.isabs(folder):
+            continue  # the working directory is no site dir
+        try:
+            with open(os.path.join(folder, _START_FILE), encoding="utf-8") as handle:
+                text = handle.read()
+        except OSError:
+            continue
+        said = {}
+        for line in text.splitlines():
+            key, colon, value = line.removeprefix("# ").partition(": ")
+            if line.startswith("# ") and colon:
+                said[key] = value
+        packages = tuple(p for p in said.get("watch", "").split(",") if p)
+        only = said.get("only", "*")
+        config = {
+            "strict": said.get("strict") == "yes",
+            "only": None if only == "*" else tuple(i for i in only.split(",") if i),
+        }
+        return _start_up(packages, config)
+    return None

@@ -10,13 +10,16 @@ says each skip once per job (``job.announce``). ``status()`` decides without ins
 import logging
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
+
+from packaging.version import InvalidVersion, Version
 
 from . import switches
 from .catalog import entries, origin, select, select_withheld, source, withheld
-from .decision import Decision, decide
+from .decision import Decision, decide, verdict_cache
 from .errors import BackportError
 from .evidence.one_look import one_look
+from .evidence.versions import release_predates
 from .job import deferred
 from .job.announce import announce, forget
 from .job.settling import UPSTREAM_ONLY_NOTE, mode_evidence, settle
@@ -355,3 +358,72 @@ def applied(
                     last.append(backport_id)
             if last:
                 revert(last)
+
+
+# ---- for the commands wing -------------------------------------------------------------------
+# What the `backports` commands (backports/megatron/commands/) ask beyond apply / status /
+# revert / applied, so that they import the api alone, never the catalog or the switches.
+# Kept apart, and small: the api's rewrite re-points these few names.
+
+ENV_CACHE = verdict_cache.CACHE  # audit's child probes with the cache off
+
+
+def upstream_only_requested() -> bool:
+    """Whether ``MEGATRON_BACKPORTS_UPSTREAM_ONLY`` asks for upstream's code alone."""
+    return switches.upstream_only()
+
+
+def selected_ids(only: str | Iterable[str] | None = None) -> list[str]:
+    """The ids of the entries ``only`` names (None: all), as ``status`` would take them; an
+    unknown id raises ``BackportError`` with the same line as ``status``."""
+    return [spec.id for spec in select(_selection(only))]
+
+
+def all_switched_off() -> bool:
+    """Whether ``MEGATRON_BACKPORTS`` turns every backport off in this environment."""
+    return not switches.enabled()
+
+
+def skipped_by_environment() -> frozenset[str]:
+    """The ids ``MEGATRON_BACKPORTS_SKIP`` turns off in this environment."""
+    return switches.skipped_ids()
+
+
+def target_modules(backport_id: str) -> tuple[str, ...]:
+    """Every module a backport's targets may live in, in the catalog's order."""
+    specs = select(backport_id)  # a withheld plugin's id: no entry, no module
+    return tuple(
+        dict.fromkeys(m for spec in specs for target in spec.targets for m in target.modules)
+    )
+
+
+def probe_anyway(backport_id: str) -> Report | None:
+    """What the probe finds for a backport whatever the switches say (``check`` judges a
+    disabled one too); None for an id with no entry (a withheld plugin)."""
+    spec = next((s for s in entries() if s.id == backport_id), None)
+    return None if spec is None else probe_ignoring_switches(spec)
+
+
+@dataclass(frozen=True)
+class TargetReleases:
+    """Where a backport's target exists and where its fix is released, as ``check`` asks."""
+
+    distribution: str
+    target_since: Version  # the first release with the target(s)
+    fixed_in: Version | None  # the first release with the fix; None while none has it
+
+    def predate_the_target(self, version: str) -> bool:
+        """Whether release ``version`` comes before the target existed (an unreadable
+        version does not)."""
+        try:
+            return release_predates(Version(version), self.target_since)
+        except InvalidVersion:
+            return False
+
+
+def target_releases(backport_id: str) -> TargetReleases | None:
+    """The releases a backport's entry names; None for an id with no entry."""
+    spec = next((s for s in entries() if s.id == backport_id), None)
+    if spec is None:
+        return None
+    return TargetReleases(spec.target.distribution, spec.target_since, spec.fixed_in)

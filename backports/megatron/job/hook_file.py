@@ -9,6 +9,16 @@ module more would cost every interpreter start). After ``pip uninstall megatron-
 leaves the hook file behind (pip removes only what it installed) the line imports nothing:
 start-up stays silent and unbroken.
 
+Python 3.15 (PEP 829) runs entry points named in ``site-packages/*.start`` files, and a
+``<name>.start`` beside ``<name>.pth`` turns that ``.pth`` file's import lines off (3.18
+ignores them everywhere). So the hook is two files of one name: the ``.pth`` line for
+Pythons before 3.15, and a ``.start`` file naming a zero-argument entry point
+(``backports.megatron:_start_up_from_start_file``) that reads what to watch and the config
+from the ``.start`` file itself: on any Python exactly one of them runs. Unlike the ``.pth``
+line, an entry point cannot check first that the package is still installed: run
+``backports revert`` before ``pip uninstall`` on 3.15+, or ``site`` says once per
+interpreter that it cannot import the entry point.
+
 The mechanism only: the caller says which packages the trigger watches and which config it
 fires with (``backports.megatron.job.startup_hook`` works them out from the catalog).
 """
@@ -28,17 +38,22 @@ from ..errors import BackportError
 
 __all__ = [
     "HOOK_FILE",
+    "START_FILE",
     "HookState",
     "default_site_dir",
     "is_site_dir",
     "read_hook",
     "remove_hook",
     "render",
+    "render_start",
     "same_hook",
     "write_hook",
 ]
 
 HOOK_FILE = "megatron_backports_startup.pth"
+# PEP 829: the same name, so that on Python 3.15+ it replaces the .pth file's import line.
+START_FILE = "megatron_backports_startup.start"
+START_ENTRY_POINT = "backports.megatron:_start_up_from_start_file"
 _CONFIG_LINE = "# config: "
 # The file the hook line checks for: the package whose __init__ holds the trigger.
 _PACKAGE_INIT = Path(__file__).parents[1] / "__init__.py"
@@ -100,6 +115,23 @@ def render(packages: tuple[str, ...], config: dict[str, Any]) -> str:
     )
 
 
+def render_start(packages: tuple[str, ...], config: dict[str, Any]) -> str:
+    """The whole ``.start`` file for the same hook: the entry point, and in comment lines
+    (``# key: value``, read without ``ast``: it runs at every interpreter start) the
+    packages to watch and ``config``. Ids hold no comma (``MEGATRON_BACKPORTS_SKIP`` splits
+    on it)."""
+    only = config.get("only")
+    return (
+        "# megatron-backports: the start-up hook for Python 3.15+ (PEP 829); it turns off the\n"
+        f"# import line of {HOOK_FILE} beside it, which older Pythons run instead.\n"
+        "# Written by `backports apply`, removed by `backports revert`.\n"
+        f"# watch: {','.join(packages)}\n"
+        f"# only: {'*' if only is None else ','.join(only)}\n"
+        f"# strict: {'yes' if config.get('strict') else 'no'}\n"
+        f"{START_ENTRY_POINT}\n"
+    )
+
+
 def _version() -> str:
     try:
         return f"megatron-backports {importlib.metadata.version('megatron-backports')}"
@@ -111,14 +143,21 @@ def _version() -> str:
 class HookState:
     """The hook file at ``path``; ``config`` is None when it is not a file we wrote.
 
-    ``current``: it holds what would be written now, for its own config (else: rerun
-    ``backports apply``). Only a reader told that text can say: False otherwise.
+    ``current``: it holds what would be written now, for its own config, and so does the
+    ``.start`` file beside it (else: rerun ``backports apply``). Only a reader told those
+    texts can say: False otherwise.
     """
 
     path: Path
     exists: bool
     config: dict[str, Any] | None = None
     current: bool = False
+    start_exists: bool = False
+
+    @property
+    def start_path(self) -> Path:
+        """The ``.start`` file of the same hook (PEP 829), beside the ``.pth`` file."""
+        return self.path.with_name(START_FILE)
 
 
 def same_hook(a: str, b: str) -> bool:
@@ -137,16 +176,30 @@ def _parse(text: str) -> dict[str, Any] | None:
     return None
 
 
-def read_hook(site_dir: Path, expected: ExpectedText | None = None) -> HookState:
-    """The hook file in ``site_dir``, read once; ``expected(config)`` is the text a rewrite
-    would hold now (``current`` compares the two)."""
-    path = site_dir / HOOK_FILE
+def _read(path: Path) -> str | None:
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        return HookState(path, False)
+        return None
+
+
+def read_hook(
+    site_dir: Path,
+    expected: ExpectedText | None = None,
+    expected_start: ExpectedText | None = None,
+) -> HookState:
+    """The hook files in ``site_dir``, each read once; ``expected(config)`` and
+    ``expected_start(config)`` are the texts a rewrite would hold now (``current`` compares)."""
+    path = site_dir / HOOK_FILE
+    start = _read(path.with_name(START_FILE))
+    text = _read(path)
+    if text is None:
+        return HookState(path, False, start_exists=start is not None)
     config = _parse(text)
-    return HookState(path, True, config, _is_current(text, config, expected))
+    current = _is_current(text, config, expected) and (
+        start is not None and _is_current(start, config, expected_start)
+    )
+    return HookState(path, True, config, current, start is not None)
 
 
 def _is_current(text: str, config: dict[str, Any] | None, expected: ExpectedText | None) -> bool:
@@ -172,16 +225,24 @@ def is_site_dir(folder: Path) -> bool:
     return folder.is_dir() and any(os.path.samefile(folder, d) for d in known)
 
 
-def write_hook(site_dir: Path, text: str) -> tuple[HookState, bool]:
-    """Write (or refresh) the hook file with ``text`` (from ``render``); returns its state
-    and whether the file changed."""
+def write_hook(site_dir: Path, text: str, start_text: str | None = None) -> tuple[HookState, bool]:
+    """Write (or refresh) the hook file with ``text`` (from ``render``), then its ``.start``
+    file with ``start_text`` (from ``render_start``); returns the state and whether a file
+    changed. The ``.pth`` first: interrupted between the two, the old way still runs
+    everywhere (and ``status`` says to rerun ``apply``), never a ``.start`` alone."""
     path = site_dir / HOOK_FILE
-    written = HookState(path, True, _parse(text), current=True)
-    try:
-        if same_hook(path.read_text(encoding="utf-8"), text):
-            return written, False
-    except FileNotFoundError:
-        pass
+    changed = _write(path, text)
+    if start_text is not None:
+        changed = _write(path.with_name(START_FILE), start_text) or changed
+    return HookState(path, True, _parse(text), True, start_text is not None), changed
+
+
+def _write(path: Path, text: str) -> bool:
+    """Write ``text`` to ``path`` unless it holds it already; whether it did."""
+    existing = _read(path)
+    if existing is not None and same_hook(existing, text):
+        return False
+    site_dir = path.parent
     # Atomic: an interpreter starting meanwhile sees the old file or the new, never half.
     fd, tmp = tempfile.mkstemp(prefix=".megatron_backports.", suffix=".tmp", dir=site_dir)
     try:
@@ -192,14 +253,19 @@ def write_hook(site_dir: Path, text: str) -> tuple[HookState, bool]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return written, True
+    return True
 
 
 def remove_hook(site_dir: Path) -> tuple[HookState, bool]:
-    """Delete the hook file; returns its state before and whether this call removed it."""
+    """Delete the hook files; returns their state before and whether this call removed one.
+    The ``.start`` first: interrupted between the two, what is left is a ``.pth`` file that
+    ``status`` shows and a second ``revert`` removes, never a ``.start`` that runs unseen."""
     state = read_hook(site_dir)
-    try:
-        state.path.unlink()
-    except FileNotFoundError:
-        return state, False
-    return state, True
+    removed = False
+    for path in (state.start_path, state.path):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        removed = True
+    return state, removed

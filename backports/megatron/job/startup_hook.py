@@ -17,6 +17,7 @@ from .hook_file import HookState
 __all__ = [
     "hook_text",
     "read_hook",
+    "start_text",
     "target_modules",
     "watched_packages",
     "write_hook",
@@ -44,17 +45,26 @@ def hook_text(only: tuple[str, ...] | None = None, strict: bool = False) -> str:
     return hook_file.render(watched_packages(only), {"strict": strict, "only": only})
 
 
+def start_text(only: tuple[str, ...] | None = None, strict: bool = False) -> str:
+    """The hook's ``.start`` file (PEP 829, Python 3.15+) for the same arguments."""
+    return hook_file.render_start(watched_packages(only), {"strict": strict, "only": only})
+
+
 def _text_for(config: dict[str, Any]) -> str:
     return hook_text(config.get("only"), bool(config.get("strict")))
 
 
+def _start_text_for(config: dict[str, Any]) -> str:
+    return start_text(config.get("only"), bool(config.get("strict")))
+
+
 def read_hook(site_dir: Path) -> HookState:
-    """The hook file in ``site_dir``; ``current`` when this version would write it so."""
-    return hook_file.read_hook(site_dir, _text_for)
+    """The hook files in ``site_dir``; ``current`` when this version would write them so."""
+    return hook_file.read_hook(site_dir, _text_for, _start_text_for)
 
 
 def write_hook(
     site_dir: Path, only: tuple[str, ...] | None = None, strict: bool = False
 ) -> tuple[HookState, bool]:
-    """Write (or refresh) the hook file; returns its state and whether the file changed."""
-    return hook_file.write_hook(site_dir, hook_text(only, strict))
+    """Write (or refresh) the hook files; returns their state and whether a file changed."""
+    return hook_file.write_hook(site_dir, hook_text(only, strict), start_text(only, strict))

@@ -19,11 +19,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import exit_status
 from .errors import Refused, SyncError
 
 __all__ = ["add_arguments", "default_vendor_dir", "main", "run"]
 
-EXIT_DONE, EXIT_REFUSED, EXIT_ERROR = 0, 1, 2
+# The exit statuses of every `backports` command (exit_status), under a sync's names.
+EXIT_DONE, EXIT_REFUSED, EXIT_ERROR = exit_status.DONE, exit_status.FAILED, exit_status.CANNOT_RUN
 DESCRIPTION = (
     "Refresh vendor/<backport>/ (or a plugin's, --vendor-dir) from an upstream commit "
     "(--backport with --sha, --pr or both), record the hashes of a handwritten folder "

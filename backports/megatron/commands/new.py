@@ -1,0 +1,82 @@
+"""``backports new``: scaffold a plugin distribution that carries one upstream fix."""
+
+import argparse
+from pathlib import Path
+
+from .. import exit_status
+
+__all__ = ["add_arguments", "run"]
+
+_EXAMPLE = """\
+example:
+  backports new --id acme-9999 --pr 9999 \\
+      --repo https://github.com/NVIDIA/Megatron-LM.git \\
+      --target megatron.core.utils:divide --dest ./acme-9999-backport
+  cd acme-9999-backport && pip install -e . && python -m pytest   # fails until written
+
+--target is MODULE:function or MODULE:Class.method of the installed distribution; DIR
+must not exist. See docs/adding-a-backport.md."""
+
+
+def _release(text: str) -> str:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return str(Version(text))
+    except InvalidVersion:
+        raise argparse.ArgumentTypeError(f"not a version: {text!r}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = _EXAMPLE
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--id", required=True, help="backport id, e.g. acme-9999")
+    parser.add_argument("--pr", required=True, type=int, help="upstream pull-request number")
+    parser.add_argument("--repo", required=True, metavar="URL", help="upstream repository")
+    parser.add_argument("--target", required=True, metavar="MODULE:QUALNAME", help="what to patch")
+    parser.add_argument("--dest", required=True, metavar="DIR", help="where to write (new folder)")
+    parser.add_argument("--sha", help="the pull request's head commit (else set it later)")
+    parser.add_argument("--package", help="import name (default: <id>_backport)")
+    parser.add_argument(
+        "--since",
+        metavar="VERSION",
+        type=_release,
+        help="the first release of the distribution that has the target (default: none "
+        "written, the probe and the sniff decide; never the installed version)",
+    )
+    parser.add_argument(
+        "--allow-builtin-prefix",
+        action="store_true",
+        help="let --id start with megatron-lm- (loading it then needs "
+        "MEGATRON_BACKPORTS_ALLOW_BUILTIN_IDS=<distribution>)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import scaffold  # reads the installed target: only a scaffold needs it
+
+    target = scaffold.read_target(args.target)
+    plan = scaffold.Scaffold(
+        args.id,
+        args.pr,
+        args.repo,
+        Path(args.dest),
+        target,
+        args.sha,
+        args.package,
+        args.since,
+        args.allow_builtin_prefix,
+    )
+    written = scaffold.create(plan)
+    print(f"wrote {plan.distribution} in {plan.dest}:")
+    for path in written:
+        print(f"  {path.relative_to(plan.dest)}")
+    print(
+        f"target {target.module}.{target.attribute}{target.signature_text} from "
+        f"{target.distribution} {target.version}"
+        + (f", compiled with {target.decorator}" if target.decorator else "")
+    )
+    if target.holders:
+        print(f"held by name in: {', '.join(target.holders)}")
+    print(f"next: write the sniff and the replacement (see {plan.dest / 'README.md'})")
+    return exit_status.DONE
