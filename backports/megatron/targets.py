@@ -75,15 +75,56 @@ def _foreign(original: Callable[..., Any], defining: ModuleType) -> str | None:
     return None
 
 
-def _body_of(original: Any, target: Target, where: str) -> tuple[Any, str | None]:
+def _function_of(obj: Any) -> Any:
+    """The function a class holds: a staticmethod's own, else ``obj``."""
+    return obj.__func__ if isinstance(obj, staticmethod) else obj
+
+
+def _probe(*args: Any, **kwargs: Any) -> None:
+    """What ``_declared_body`` decorates to learn the shape of a decorator's wrapper."""
+
+
+def _declared_body(function: Any, decorator: str) -> Any:
+    """The function ``function`` wraps, when it is the declared decorator's wrapper (a
+    ``functools.wraps`` closure such as ``torch.no_grad``'s or ``custom_bwd``'s): its code
+    is the very code that decorator gives every function it wraps. Else None."""
+    wrapped = getattr(function, "__wrapped__", None)
+    if wrapped is None or not inspect.isfunction(function):
+        return None
+    try:
+        made = live_decorator(decorator)(_probe)
+    except Exception:
+        return None
+    return (
+        inspect.unwrap(function) if getattr(made, "__code__", None) is function.__code__ else None
+    )
+
+
+def _body_of(
+    original: Any, target: Target, where: str, owner: type | None = None
+) -> tuple[Any, str | None]:
     """(the undecorated body when ``original`` is the declared decorator's wrapper, else
-    None; why it cannot be patched, or None)."""
-    body = compiled_body(original)
+    None; why it cannot be patched, or None). A staticmethod of an ``autograd.Function``
+    (its ``forward`` / ``backward``, which torch only reads off the class) is judged by its
+    function: the replacement installed there is a plain function, as the class reads it."""
+    function = _function_of(original)
+    body = compiled_body(function)
     if body is not None and target.decorator is None:
         return None, "compiled by torch.compile, but the catalog entry declares no decorator"
-    if not inspect.isfunction(body or original):
+    if body is None and target.decorator is not None:
+        body = _declared_body(function, target.decorator)
+    if not inspect.isfunction(body or function):
         raise TypeError(f"{where} is {type(original).__name__}")
+    if function is not original and not _is_autograd_function(owner):
+        raise TypeError(f"{where} is a staticmethod outside an autograd.Function")
     return body, None
+
+
+def _is_autograd_function(owner: type | None) -> bool:
+    return any(
+        c.__name__ == "Function" and c.__module__ == "torch.autograd.function"
+        for c in getattr(owner, "__mro__", ())
+    )
 
 
 def _resolve_function(
@@ -126,14 +167,14 @@ def _resolved(
     owner: type | None = None,
 ) -> ResolvedTarget:
     """The target as found in ``module``: its body checked, and whether it is foreign."""
-    body, refused = _body_of(original, target, f"{module.__name__}.{target.attribute}")
+    body, refused = _body_of(original, target, f"{module.__name__}.{target.attribute}", owner)
     return ResolvedTarget(
         module.__name__,
         defining,
         target.attribute,
         original,
         installed,
-        refused or _foreign(body or original, defining),
+        refused or _foreign(body or _function_of(original), defining),
         owner,
         decorated=body is not None,
     )

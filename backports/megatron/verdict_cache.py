@@ -196,9 +196,14 @@ def _target(target: Target, backport_id: str) -> dict[str, Any] | None:
         "file": str(source),
         "file_sha256": _sha256_file(Path(source)),
         # As loaded: an in-memory replacement compiled under the module's file name too.
-        "code_sha256": hashlib.sha256(marshal.dumps(found.original.__code__)).hexdigest(),
+        "code_sha256": hashlib.sha256(marshal.dumps(_code(found.original))).hexdigest(),
         "distribution": distribution,
     }
+
+
+def _code(original: Any) -> Any:
+    """The code object of a target as the class or module holds it (a staticmethod's own)."""
+    return (original.__func__ if isinstance(original, staticmethod) else original).__code__
 
 
 def _module_sha256(name: str) -> str | None:
