@@ -409,6 +409,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_new(args: argparse.Namespace) -> int:
+    if args.from_pr is not None:  # derived from a pull request: its own command
+        from .authoring.from_pr import run
+
+        return run(args)
+    missing = [f"--{n}" for n in ("id", "pr", "repo", "target", "dest") if getattr(args, n) is None]
+    if missing:
+        raise BackportError(f"new needs {', '.join(missing)} (or --from-pr N --repo CLONE)")
     from . import scaffold  # reads the installed target: only this command needs it
 
     target = scaffold.read_target(args.target)
@@ -607,11 +614,23 @@ def _new_parser(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub.set_defaults(run=_cmd_new, format="table")
-    sub.add_argument("--id", required=True, help="backport id, e.g. acme-9999")
-    sub.add_argument("--pr", required=True, type=int, help="upstream pull-request number")
-    sub.add_argument("--repo", required=True, metavar="URL", help="upstream repository")
-    sub.add_argument("--target", required=True, metavar="MODULE:QUALNAME", help="what to patch")
-    sub.add_argument("--dest", required=True, metavar="DIR", help="where to write (new folder)")
+    sub.add_argument("--id", help="backport id, e.g. acme-9999")
+    sub.add_argument("--pr", type=int, help="upstream pull-request number")
+    sub.add_argument("--repo", metavar="URL", help="upstream repository (--from-pr: a clone)")
+    sub.add_argument("--target", metavar="MODULE:QUALNAME", help="what to patch")
+    sub.add_argument("--dest", metavar="DIR", help="where to write (new folder)")
+    sub.add_argument(
+        "--from-pr",
+        type=int,
+        metavar="N",
+        help="derive and prove the whole plugin from pull request N of the --repo clone "
+        "(see docs/from-pr.md); --id and --dest are then optional",
+    )
+    sub.add_argument(
+        "--keep-unfinished",
+        action="store_true",
+        help="with --from-pr: write the plugin even when it cannot be proven (check fails)",
+    )
     sub.add_argument("--sha", help="the pull request's head commit (else set it later)")
     sub.add_argument("--package", help="import name (default: <id>_backport)")
     sub.add_argument(
