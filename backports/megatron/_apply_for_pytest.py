@@ -37,6 +37,11 @@ def pytest_runtest_logreport(report: Any) -> None:
 def pytest_collectreport(report: Any) -> None:
     if report.failed:
         _outcomes[report.nodeid] = "error"
+    elif report.skipped and isinstance(report.longrepr, tuple):
+        # A module-level skip (a test file that needs a GPU or Transformer Engine): its
+        # tests are never collected, so the file is the row, with the reason as a note.
+        _outcomes[report.nodeid] = "skipped"
+        _skips[report.nodeid] = str(report.longrepr[-1]).removeprefix("Skipped: ")
 
 
 def pytest_unconfigure(config: Any) -> None:

@@ -112,7 +112,7 @@ def _derive(d: Derivation, number: int, scratch: Path, staging: Path, keep: bool
     clone = open_clone(str(d.clone))
     installed = installed_distribution()
     d.pr = pr = step("resolve", lambda: resolve_pull_request(clone, number))
-    d.title = clone.subject(pr.new.sha)
+    d.title = re.sub(rf"\s*\(#{number}\)\s*$", "", clone.subject(pr.new.sha))
     d.changes = changes = step("symbols", lambda: changed_symbols(clone, pr))
     d.located = step("locate", lambda: locate(changes.symbols, clone, pr, installed))
     d.figures = check_budget(d.located)
@@ -220,11 +220,10 @@ def run(args: argparse.Namespace) -> int:
         if d is not None and d.pr is not None:
             _print_report(d)
         first, *rest = str(exc).splitlines()
-        print(f"backports new: {first}", file=sys.stderr)
-        for line in rest:
+        written = "" if exc.exit_code != 1 else "; nothing written"
+        print(f"backports new: {first.rstrip(':')}{written}", file=sys.stderr)
+        for line in rest:  # a merge conflict's hunk
             print(f"  {line}", file=sys.stderr)
-        if exc.exit_code == 1:
-            print("backports new: nothing written", file=sys.stderr)
         return exc.exit_code
 
 

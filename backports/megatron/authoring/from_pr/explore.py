@@ -72,8 +72,8 @@ def _touches_device_or_groups(function: Any, namespace: dict[str, Any], depth: i
 
 def recorders_for(functions: list[Any], namespace: dict[str, Any]) -> tuple[str, ...]:
     """Module globals the functions call that are megatron functions touching a GPU or a
-    process group (their source says so, or that of a function they call): recorders
-    stand in for them."""
+    process group (their source says so, or that of a function they call), or compiled
+    kernels (``torch.compile``, ``jit_fuser``): recorders stand in for them."""
     names: set[str] = set()
     for function in functions:
         names |= _names(function.__code__)
@@ -84,7 +84,10 @@ def recorders_for(functions: list[Any], namespace: dict[str, Any]) -> tuple[str,
         value = namespace.get(name, functions[-1].__globals__.get(name))
         megatron = getattr(value, "__module__", "") or ""
         is_ours = megatron.startswith("megatron") or "_vendor" in megatron or "vendor." in megatron
-        if (
+        compiled = getattr(value, "_torchdynamo_orig_callable", None)
+        if compiled is not None and is_ours:
+            found.append(name)  # a torch.compile'd kernel: compiling it on stand-ins fails
+        elif (
             inspect.isfunction(value)
             and is_ours
             and _touches_device_or_groups(value, value.__globals__, depth=2)

@@ -54,6 +54,6 @@ def merge_symbol(installed: str, base: str, new: str, name: str) -> str:
         hunk = _first_conflict(done.stdout)
         raise Conflict(
             f"{name}: {done.returncode} hunk(s) of the pull request do not apply to the "
-            f"installed text; the first:\n{hunk}"
+            f"installed text (the first is below)\n{hunk}"
         )
     return done.stdout

@@ -67,7 +67,9 @@ def upstream_tests(backport_id: str, clone: Path, paths: list[Path], scratch: Pa
     """What ``backports upstream-tests`` says, as it says it (rows, notes, its verdict)."""
     argv = ["-m", "backports.megatron", "upstream-tests", backport_id, "--repo", str(clone)]
     done = run_command(argv, scratch / "upstream-tests", paths, timeout=900)
-    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    if done.returncode == 2:  # it could not run at all: its one-line reason is on stderr
+        lines += [line for line in done.stderr.splitlines() if line.startswith("backports")]
     return [*lines[-24:], f"(exit {done.returncode}, {done.seconds:.1f} s)"]
 
 

@@ -115,8 +115,20 @@ def _words(node: ast.AST) -> set[str]:
         elif isinstance(sub, ast.keyword) and sub.arg:
             words.add(sub.arg)
         elif isinstance(sub, ast.Constant) and isinstance(sub.value, str):
-            words.update(_WORD.findall(sub.value))
+            if not any(ch.isspace() for ch in sub.value):  # a key ("loss_mask"), not prose
+                words.update(_WORD.findall(sub.value))
     return words - _COMMON
+
+
+def _observed(tree: ast.Module, test: ast.FunctionDef, depth: int = 2) -> set[str]:
+    """The words of a test and of the helpers of its module it calls (a worker function
+    that runs in each rank holds the assertions)."""
+    words = _words(test)
+    helpers = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    for name in sorted(words & set(helpers)) if depth else []:
+        if helpers[name] is not test:
+            words |= _observed(tree, helpers[name], depth - 1)
+    return words
 
 
 def _changed_words(clone: Clone, pr: PullRequest, symbols: tuple[Symbol, ...]) -> set[str]:
@@ -139,7 +151,7 @@ def focus_names(
     for node_id in tests:
         found = _test_function(clone, pr.new.sha, node_id)
         if found is not None:
-            observed |= _words(found[1])
+            observed |= _observed(found[0], found[1])
     return tuple(sorted(observed & _changed_words(clone, pr, symbols)))
 
 

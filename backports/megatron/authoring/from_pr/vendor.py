@@ -194,7 +194,8 @@ def _plan(
             plan.targets.append(target)
             plan.pieces.append(_tool.Piece(key, target.module, symbol.qualname))
     if not plan.targets:
-        raise NotProven("the pull request changes no installed function or method to swap")
+        left = f" (left out: {'; '.join(plan.left_out)})" if plan.left_out else ""
+        raise NotProven(f"the pull request changes no installed function or method to swap{left}")
     for loc in helpers:
         key = f"{loc.symbol.path}@{pr.new.sha[:12]}"
         plan.sources.setdefault(key, clone.text(pr.new.sha, loc.symbol.path) or "")
@@ -271,26 +272,42 @@ def _literal(tree: ast.Module, name: str) -> object:
     return None
 
 
-def _top_level_names(installed: Installed, module: str) -> set[str]:
+def _bound_by(stmt: ast.stmt) -> set[str]:
+    names: set[str] = set()
+    if isinstance(stmt, ast.Import | ast.ImportFrom):
+        names.update((a.asname or a.name).split(".")[0] for a in stmt.names)
+    elif isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        names.add(stmt.name)
+    else:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return names
+
+
+def _top_level_names(installed: Installed, module: str) -> tuple[set[str], set[str]]:
+    """(every name the installed module may bind at top level, those it always binds):
+    a name bound only in a ``try``/``if`` (an optional kernel) is not always there."""
     path = next((p for p in installed.files if module_of(p) == module), None)
     parsed = installed.parsed(path) if path else None
     if parsed is None:
-        return set()
-    names: set[str] = set()
-    for node in ast.walk(parsed[1].tree):
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(node.name)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            names.add(node.id)
-    return names
+        return set(), set()
+    always: set[str] = set()
+    maybe: set[str] = set()
+    for stmt in parsed[1].tree.body:
+        if isinstance(stmt, ast.If | ast.Try | ast.With | ast.For | ast.While):
+            for inner in ast.walk(stmt):
+                if isinstance(inner, ast.stmt) and inner is not stmt:
+                    maybe |= _bound_by(inner)
+        else:
+            always |= _bound_by(stmt)
+    return always | maybe, always
 
 
 def _check_reads(reads: dict[str, tuple[str, ...]], installed: Installed) -> None:
     """Every name the vendored code looks up live must be on the installed module."""
     for module, names in reads.items():
-        have = _top_level_names(installed, module)
+        have, _ = _top_level_names(installed, module)
         missing = sorted(set(names) - have)
         if missing:
             raise NotProven(
@@ -298,6 +315,15 @@ def _check_reads(reads: dict[str, tuple[str, ...]], installed: Installed) -> Non
                 f"{installed.name} {installed.version} does not define: another upstream "
                 "change it depends on is missing"
             )
+
+
+def _helpers(
+    reads: tuple[str, ...], target: CarriedTarget, installed: Installed
+) -> tuple[str, ...]:
+    """The reads the probe may require of the target's module: those it always binds (one
+    bound only where an optional package imports is read only on that package's path)."""
+    _, always = _top_level_names(installed, target.module)
+    return tuple(name for name in reads if name in always)
 
 
 def _merged_note(text: str, targets: list[CarriedTarget]) -> str:
@@ -370,7 +396,9 @@ def vendor(
             t.parameters,
             t.decorator,
             t.merged,
-            main_reads if t.module == main else reads_from.get(t.module, ()),
+            _helpers(
+                main_reads if t.module == main else reads_from.get(t.module, ()), t, installed
+            ),
         )
         for t in plan.targets
     ]
