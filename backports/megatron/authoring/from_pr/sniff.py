@@ -12,7 +12,7 @@ import ast
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from .child import package_root, run_module
 from .clone import Clone
@@ -105,6 +105,14 @@ def _test_function(
     return (tree, node, text) if isinstance(node, ast.FunctionDef) else None
 
 
+def _is_key(node: ast.AST) -> TypeGuard[ast.Constant]:
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and not any(ch.isspace() for ch in node.value)
+    )
+
+
 def _words(node: ast.AST) -> set[str]:
     words: set[str] = set()
     for sub in ast.walk(node):
@@ -114,9 +122,8 @@ def _words(node: ast.AST) -> set[str]:
             words.add(sub.attr)
         elif isinstance(sub, ast.keyword) and sub.arg:
             words.add(sub.arg)
-        elif isinstance(sub, ast.Constant) and isinstance(sub.value, str):
-            if not any(ch.isspace() for ch in sub.value):  # a key ("loss_mask"), not prose
-                words.update(_WORD.findall(sub.value))
+        elif _is_key(sub):  # a key ("loss_mask"), not prose
+            words.update(_WORD.findall(sub.value))
     return words - _COMMON
 
 
