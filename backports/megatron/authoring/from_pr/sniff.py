@@ -123,7 +123,7 @@ def _words(node: ast.AST) -> set[str]:
         elif isinstance(sub, ast.keyword) and sub.arg:
             words.add(sub.arg)
         elif _is_key(sub):  # a key ("loss_mask"), not prose
-            words.update(_WORD.findall(sub.value))
+            words.update(_WORD.findall(str(sub.value)))
     return words - _COMMON
 
 
