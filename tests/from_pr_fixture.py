@@ -22,7 +22,10 @@ upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has
 - #110 (merged): ``LayerWiseDistributedOptimizer.__init__`` (calls ``super()``) sets an
   attribute;
 - #111 (merged): changes a function in ``megatron/post_training`` (not shipped in
-  megatron-core).
+  megatron-core);
+- #95 (main only) renames ``_kernel_make_viewless_tensor`` and adds ``_buffer_size``;
+  #112 (merged) changes both: one renamed (found by its body), one absent;
+- #113 (merged): the jit_fuser'd ``bias_gelu_back`` calls a new helper (carried along).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ DIVISIBILITY = "megatron/core/divisibility.py"
 POST_TRAINING = "megatron/post_training/notes.py"
 TEST_UTILS = "tests/unit_tests/test_utils.py"
 TEST_GELU = "tests/unit_tests/fusions/test_fused_bias_gelu.py"
-NEWEST = 111
+NEWEST = 113
 
 DIVIDE = '''\
 def divide(numerator, denominator):
@@ -351,6 +354,33 @@ def build(root: Path) -> Upstream:
     pt = edit(b.files[main][POST_TRAINING], "type(model).__name__", "type(model).__qualname__")
     c["head111"] = _pull(b, 111, main, "qualname", {POST_TRAINING: pt})
     c["merge111"] = main = _merge(b, main, 111, "Describe by qualname", c["head111"])
+
+    # #95 renames a function and adds one; #112 changes both (renamed; absent).
+    u = b.files[main][UTILS]
+    u = edit(u, "def _kernel_make_viewless_tensor(inp,", "def _make_viewless(inp,")
+    u = u.replace("_kernel_make_viewless_tensor(", "_make_viewless(")
+    u += "\n\ndef _buffer_size(shape):\n    return len(shape)\n"
+    c["rename95"] = main = b.change(main, "Shorter names (#95)", files={UTILS: u})
+    u = edit(
+        b.files[main][UTILS],
+        "    out.data = inp.data\n",
+        "    out.data = inp.data  # shares storage\n    out.requires_grad_(requires_grad)\n",
+    )
+    u = edit(u, "    return len(shape)\n", "    return max(len(shape), 1)\n")
+    c["head112"] = _pull(b, 112, main, "viewless", {UTILS: u})
+    c["merge112"] = main = _merge(b, main, 112, "Viewless tensors keep requires_grad", c["head112"])
+
+    # #113: a jit_fuser'd function calls a new helper.
+    g = edit(
+        b.files[main][GELU],
+        "@jit_fuser\ndef bias_gelu_back(g, bias, y):\n    x = bias + y\n"
+        "    tanh_out = torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))\n",
+        "def _tanh_out(x):\n    return torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))\n\n\n"
+        "@jit_fuser\ndef bias_gelu_back(g, bias, y):\n"
+        "    x = bias + y\n    tanh_out = _tanh_out(x)\n",
+    )
+    c["head113"] = _pull(b, 113, main, "helper", {GELU: g})
+    c["merge113"] = main = _merge(b, main, 113, "A helper for tanh", c["head113"])
 
     b.ref("refs/heads/main", main)
     b.repo.git.checkout("--quiet", "--force", "main")

@@ -217,11 +217,11 @@ def search(
         a, b = ex.pair(setting)
         only_fixed, only_installed = ex.difference(a, b)
         returned = [run.outcome.startswith("return") for run in (a, b)]
-        if (only_fixed or only_installed) and any(returned):
-            if all(returned):
+        if (only_fixed or only_installed) and returned[1]:  # the fixed code must return
+            if returned[0]:
                 found = setting
                 break
-            fallback = fallback or setting  # one version raises: the bug may be that
+            fallback = fallback or setting  # the installed code raises: the bug may be that
         elif _facts(a) == _facts(b) and any(f.startswith(("call ", "set")) for f in a.facts):
             agreeing.append(setting)
         for other in _neighbours(setting, (a, b), parameters):
@@ -257,6 +257,9 @@ def _freeze(
         # the control is then what both versions did on the main input.
         control = (main, _facts(a) & _facts(b))
     anchors = _anchors(only_fixed | only_installed, _facts(a) & _facts(b))
+    at_anchors = [
+        tuple(sorted(f for f in _facts(run) if f.startswith(anchors) and anchors)) for run in (b, a)
+    ]
     knowledge = Setting(main.arguments, main.truths, {**ex.learned, **main.lengths}, ex.attributes)
     control_knowledge = Setting(
         control[0].arguments,
@@ -274,6 +277,8 @@ def _freeze(
         anchors,
         control_knowledge.to_json(),
         tuple(sorted(control[1])),
+        at_anchors[0],
+        at_anchors[1],
     )
     seconds = time.monotonic() - start
     return Found(observation, ex.runs, seconds, len(ex.attributes), clean)

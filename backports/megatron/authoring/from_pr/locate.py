@@ -12,12 +12,12 @@ changed it since the release), or the symbol is ``absent``; one the pull request
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.metadata
 import textwrap
 import warnings
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 from .clone import Clone
@@ -48,12 +48,8 @@ def segment(text: str, units: UnitMap, qualname: str) -> str | None:
     return None
 
 
-def _fingerprint(code: str) -> str | None:
-    """The body of a def, docstring dropped, as a hash: equal for a renamed function."""
-    try:
-        node = ast.parse(textwrap.dedent(code)).body[0]
-    except (SyntaxError, IndexError):
-        return None
+def _body_mark(node: ast.AST) -> str | None:
+    """A def's body, docstring dropped, as a hash: the same for a renamed function."""
     if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
         return None
     body = node.body
@@ -63,12 +59,24 @@ def _fingerprint(code: str) -> str | None:
     return hashlib.sha256(dumped.encode()).hexdigest() if body else None
 
 
+def _fingerprint(code: str) -> str | None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(textwrap.dedent(code))
+    except SyntaxError:
+        return None
+    return _body_mark(tree.body[0]) if tree.body else None
+
+
 def _same(a: str, b: str) -> str | None:
     """How two texts of one symbol compare: "text", "code" (formatting aside) or None."""
     if textwrap.dedent(a) == textwrap.dedent(b):
         return "text"
     try:
-        dump = [ast.dump(ast.parse(textwrap.dedent(t))) for t in (a, b)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            dump = [ast.dump(ast.parse(textwrap.dedent(t))) for t in (a, b)]
     except SyntaxError:
         return None
     return "code" if dump[0] == dump[1] else None
@@ -102,29 +110,43 @@ class Installed:
         found = self.parsed(path)
         return None if found is None else segment(found[0], found[1], qualname)
 
-    @cached_property
-    def by_qualname(self) -> dict[str, list[str]]:
-        """qualname -> the installed files defining it (every def and class)."""
-        index: dict[str, list[str]] = {}
+    def raw(self, path: str) -> str:
+        try:
+            return self.files[path].read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return ""
+
+    def defining(self, qualname: str) -> list[str]:
+        """The installed files defining ``qualname`` (only files naming it are parsed)."""
+        name = qualname.rpartition(".")[2]
+        found = []
         for path in self.files:
-            found = self.parsed(path)
-            for scope in found[1].scopes if found else ():
-                index.setdefault(scope.qualname, []).append(path)
-        return index
+            text = self.raw(path)
+            if f"def {name}(" in text or f"class {name}" in text:
+                parsed = self.parsed(path)
+                if parsed is not None and parsed[1].scope(qualname) is not None:
+                    found.append(path)
+        return found
 
-    @cached_property
-    def by_fingerprint(self) -> dict[str, list[tuple[str, str]]]:
-        index: dict[str, list[tuple[str, str]]] = {}
+    def with_body(self, code: str) -> list[tuple[str, str]]:
+        """(file, qualname) of every installed def whose body is ``code``'s (a rename);
+        only files holding the body's longest line are parsed."""
+        mark = _fingerprint(code)
+        lines = [line.strip() for line in code.splitlines()[1:] if line.strip()]
+        key = max((line for line in lines if not line.startswith("#")), key=len, default="")
+        if mark is None or not key:
+            return []
+        found = []
         for path in self.files:
-            found = self.parsed(path)
-            for scope in found[1].scopes if found else ():
-                code = segment(found[0], found[1], scope.qualname) if found else None
-                mark = _fingerprint(code) if code else None
-                if mark is not None:
-                    index.setdefault(mark, []).append((path, scope.qualname))
-        return index
+            if key in self.raw(path):
+                parsed = self.parsed(path)
+                for scope in parsed[1].scopes if parsed else ():
+                    if _body_mark(scope.node) == mark:
+                        found.append((path, scope.qualname))
+        return found
 
 
+@functools.lru_cache(maxsize=4)
 def installed_distribution(name: str = DISTRIBUTION) -> Installed:
     try:
         dist = importlib.metadata.distribution(name)
@@ -149,12 +171,11 @@ def _compare(symbol: Symbol, base: str, installed_text: str, where: str, how: st
 
 def _elsewhere(symbol: Symbol, base: str, installed: Installed) -> Located | None:
     """The symbol under its name in another file, or a def with the same body."""
-    for path in installed.by_qualname.get(symbol.qualname, []):
+    for path in installed.defining(symbol.qualname):
         text = installed.text_of(path, symbol.qualname)
         if text is not None:
             return _compare(symbol, base, text, path, f"moved to {path}")
-    mark = _fingerprint(base)
-    for path, qualname in installed.by_fingerprint.get(mark or "", []) if mark else []:
+    for path, qualname in installed.with_body(base):
         how = f"renamed to {path}::{qualname} (same body)"
         return Located(symbol, "identical", module_of(path), qualname, how)
     return None

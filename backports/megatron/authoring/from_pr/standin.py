@@ -402,6 +402,9 @@ class Observation:
     anchors: tuple[str, ...]
     control: dict[str, Any]
     control_facts: tuple[str, ...]
+    # Everything each version did at the anchors (a call: its every argument).
+    fixed_at_anchors: tuple[str, ...] = ()
+    installed_at_anchors: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Observation:
@@ -415,6 +418,8 @@ class Observation:
             tuple(data["anchors"]),
             dict(data["control"]),
             tuple(data["control_facts"]),
+            tuple(data.get("fixed_at_anchors", ())),
+            tuple(data.get("installed_at_anchors", ())),
         )
 
 
@@ -426,6 +431,12 @@ def seen(
     main = observe(function, Setting.from_json(o.main), o.recorders, o.module, with_globals)
     control = observe(function, Setting.from_json(o.control), o.recorders, o.module, with_globals)
     return {"main": sorted(set(main.facts)), "control": sorted(set(control.facts))}
+
+
+def _same_at(seen: set[str], frozen: tuple[str, ...]) -> bool:
+    """What the call did at the anchors is what that version did (every argument): one
+    that passes something else there behaves like neither."""
+    return not frozen or seen == set(frozen)
 
 
 def judge(facts: Mapping[str, Any], observation: Observation) -> bool:
@@ -441,13 +452,17 @@ def judge(facts: Mapping[str, Any], observation: Observation) -> bool:
         raise Mismatch(f"{o.target}: the call the versions differ at is gone: {missing[0]!r}")
     fixed_seen = [f in main for f in o.fixed]
     needed_seen = [f in main for f in o.needed]
-    if all(fixed_seen) and not any(needed_seen):
+    at_anchors = {f for f in main if o.anchors and f.startswith(o.anchors)}
+    if all(fixed_seen) and not any(needed_seen) and _same_at(at_anchors, o.fixed_at_anchors):
         return True
-    if all(needed_seen) and not any(fixed_seen):
+    if all(needed_seen) and not any(fixed_seen) and _same_at(at_anchors, o.installed_at_anchors):
         return False
-    shown = [f for f, s in zip(o.fixed, fixed_seen, strict=True) if not s][:1] or [
-        f for f, s in zip(o.needed, needed_seen, strict=True) if s
-    ][:1]
+    shown = (
+        [f for f, s in zip(o.fixed, fixed_seen, strict=True) if not s]
+        or [f for f, s in zip(o.needed, needed_seen, strict=True) if s]
+        or sorted(at_anchors ^ set(o.fixed_at_anchors))
+        or ["?"]
+    )
     raise Mismatch(f"{o.target}: behaves like neither version (at {shown[0]!r})")
 
 

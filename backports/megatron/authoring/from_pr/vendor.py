@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import _tool
 from .clone import Clone
@@ -155,6 +155,21 @@ class _Plan:
     targets: list[CarriedTarget]
     carried: list[str]
     left_out: list[str]
+    decorators: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _undecorated(source: str, name: str) -> tuple[str, list[str]]:
+    """``source`` without the decorator lines of its top-level ``def name``, and their texts:
+    the applier decorates the vendored body with the live decorator, as for a method."""
+    node = next(
+        n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name
+    )
+    texts = [ast.get_source_segment(source, d) or ast.unparse(d) for d in node.decorator_list]
+    if not node.decorator_list:
+        return source, texts
+    lines = source.splitlines(keepends=True)
+    first = min(d.lineno for d in node.decorator_list)
+    return "".join(lines[: first - 1] + lines[node.lineno - 1 :]), texts
 
 
 def _plan(
@@ -193,6 +208,12 @@ def _plan(
             target = _target(loc, installed, merged)
             plan.targets.append(target)
             plan.pieces.append(_tool.Piece(key, target.module, symbol.qualname))
+    for piece, target in zip(plan.pieces, plan.targets, strict=False):
+        if "." not in target.upstream and target.decorator is not None:
+            plan.sources[piece.path], texts = _undecorated(
+                plan.sources[piece.path], target.upstream
+            )
+            plan.decorators[target.upstream] = texts
     if not plan.targets:
         left = f" (left out: {'; '.join(plan.left_out)})" if plan.left_out else ""
         raise NotProven(f"the pull request changes no installed function or method to swap{left}")
@@ -408,7 +429,7 @@ def vendor(
         file,
         tuple(targets),
         tuple(plan.carried),
-        decorators,
+        {**plan.decorators, **decorators},
         main_reads,
         reads_from,
         rendered.segment,
