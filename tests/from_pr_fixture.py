@@ -7,8 +7,8 @@ upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has
 - #101 (merged): ``utils.divide`` raises ValueError for a remainder, with a CPU test
   (route a); its squash commit also sits, cherry-picked, on ``release`` (a twin);
 - #90 (main only): ``GeLUFunction.backward`` indexes its saved tensors (drift);
-- #102 (merged after #90): ``GeLUFunction.backward`` clamps its gradients (drifted:
-  carried by a three-way merge), with a class-based test (route b);
+- #102 (merged after #90 and #91, a docs commit): ``GeLUFunction.backward`` clamps its
+  gradients (drifted: carried by a three-way merge), with a class-based test (route b);
 - #103 (merged): rewrites the line #90 changed: its hunk cannot apply to the installed text;
 - #104 (merged): nine new helpers and a class attribute: over the budget;
 - #92 (main only): ``ensure_divisibility`` moved to ``megatron/core/divisibility.py``;
@@ -25,7 +25,8 @@ upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has
   megatron-core);
 - #95 (main only) renames ``_kernel_make_viewless_tensor`` and adds ``_buffer_size``;
   #112 (merged) changes both: one renamed (found by its body), one absent;
-- #113 (merged): the jit_fuser'd ``bias_gelu_back`` calls a new helper (carried along).
+- #113 (merged): the jit_fuser'd ``bias_gelu_back`` calls a new helper (carried along);
+- #114 (merged): ``WrappedTensor.__init__`` reads ``DTensor``, bound only in a ``try``.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ DIVISIBILITY = "megatron/core/divisibility.py"
 POST_TRAINING = "megatron/post_training/notes.py"
 TEST_UTILS = "tests/unit_tests/test_utils.py"
 TEST_GELU = "tests/unit_tests/fusions/test_fused_bias_gelu.py"
-NEWEST = 113
+NEWEST = 114
 
 DIVIDE = '''\
 def divide(numerator, denominator):
@@ -199,9 +200,11 @@ def _pull(b: _Builder, number: int, base: str, message: str, files: dict[str, st
 
 
 def _merge(b: _Builder, main: str, number: int, message: str, head: str) -> str:
-    """Squash-merge: main's tip with the head's changes to the files it touched."""
+    """Squash-merge: main's tip with the files the pull request changed, as its head has
+    them (the branch point is the head's parent)."""
+    branch_point = b.files[b.repo.commit(head).parents[0].hexsha]
     changed = {
-        path: text for path, text in b.files[head].items() if b.files[main].get(path) != text
+        path: text for path, text in b.files[head].items() if branch_point.get(path) != text
     }
     return b.change(main, f"{message} (#{number})", files=changed)
 
@@ -241,6 +244,8 @@ def build(root: Path) -> Upstream:
         "        tmp = tmp.clamp(-1.0, 1.0)\n        return tmp, tmp\n",
     )
     c["head102"] = _pull(b, 102, main, "clamp", {GELU: fixed102, TEST_GELU: TEST_GELU_102})
+    # main moves on before the merge: the squash's parent is not the branch point.
+    c["docs91"] = main = b.change(main, "Docs (#91)", files={"README.md": "# Megatron-LM\n"})
     c["merge102"] = main = _merge(b, main, 102, "Clamp GeLU's gradients", c["head102"])
 
     # #103: rewrites #90's line again: its hunk cannot apply to the installed text.
@@ -381,6 +386,16 @@ def build(root: Path) -> Upstream:
     )
     c["head113"] = _pull(b, 113, main, "helper", {GELU: g})
     c["merge113"] = main = _merge(b, main, 113, "A helper for tanh", c["head113"])
+
+    # #114: a constructor reads names its module binds only where an import succeeds.
+    u = edit(
+        b.files[main][UTILS],
+        "    def __init__(self, tensor: torch.Tensor):\n        self._wrapper = [tensor]\n",
+        "    def __init__(self, tensor: torch.Tensor):\n        self._wrapper = [tensor]\n"
+        "        self._distributed = HAVE_DTENSOR and isinstance(tensor, DTensor)\n",
+    )
+    c["head114"] = _pull(b, 114, main, "dtensor", {UTILS: u})
+    c["merge114"] = main = _merge(b, main, 114, "Note distributed tensors", c["head114"])
 
     b.ref("refs/heads/main", main)
     b.repo.git.checkout("--quiet", "--force", "main")

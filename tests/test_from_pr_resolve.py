@@ -26,8 +26,9 @@ def test_a_merged_pull_request_has_its_head_merge_and_base(upstream, clone) -> N
     assert pr.head.sha == upstream.sha("head102") and pr.head.verified
     assert pr.merge is not None and pr.merge.sha == upstream.sha("merge102")
     assert pr.merge.verified, pr.merge.how
-    # A squash merge's base is its parent: #90's drift is in the base, not the change.
-    assert pr.base.sha == upstream.sha("drift90")
+    # A squash merge's base is its parent (#91, after the branch point #90): what main did
+    # meanwhile is in the base, not in the change.
+    assert pr.base.sha == upstream.sha("docs91")
     assert pr.new == pr.merge
     assert all(len(c.sha) == 40 for c in (pr.head, pr.merge, pr.base))
 
@@ -90,5 +91,5 @@ def test_a_merge_that_changes_other_files_than_its_head_is_not_verified(upstream
         assert pr.merge is not None and pr.merge.sha == sha
         assert not pr.merge.verified and "NOT the same files" in pr.merge.how
     finally:
-        repo.git.update_ref("refs/heads/main", upstream.sha("merge113"))
+        repo.git.update_ref("refs/heads/main", upstream.sha("merge114"))
         repo.git.checkout("--quiet", "--force", "main")
