@@ -203,9 +203,7 @@ def _merge(b: _Builder, main: str, number: int, message: str, head: str) -> str:
     """Squash-merge: main's tip with the files the pull request changed, as its head has
     them (the branch point is the head's parent)."""
     branch_point = b.files[b.repo.commit(head).parents[0].hexsha]
-    changed = {
-        path: text for path, text in b.files[head].items() if branch_point.get(path) != text
-    }
+    changed = {path: text for path, text in b.files[head].items() if branch_point.get(path) != text}
     return b.change(main, f"{message} (#{number})", files=changed)
 
 
