@@ -184,6 +184,9 @@ def test_keep_unfinished_writes_a_plugin_that_check_fails(upstream, tmp_path, ca
     done = _installed_check(dest, "mlm-pr-103", tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "incompatible" in done.stdout
+    # Failed for the reason it was written unfinished: its sniff says so.
+    assert "its sniff raised NotImplementedError" in done.stdout
+    assert "do not apply to the installed text" in done.stdout
 
 
 def test_the_fixture_names_what_the_tests_expect() -> None:
