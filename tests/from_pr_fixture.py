@@ -32,9 +32,9 @@ upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has
 from __future__ import annotations
 
 import importlib.metadata
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import git
 
@@ -400,5 +400,13 @@ def build(root: Path) -> Upstream:
     return Upstream(root, b.repo, c)
 
 
-def environment_without_git_location() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+_BUILT: dict[str, Upstream] = {}
+
+
+def shared(tmp_path_factory: Any) -> Upstream:
+    """One repository per test session (building it takes seconds), under pytest's
+    temporary folder; a test that changes it puts it back."""
+    key = str(tmp_path_factory.getbasetemp())
+    if key not in _BUILT:
+        _BUILT[key] = build(tmp_path_factory.mktemp("from-pr") / "Megatron-LM")
+    return _BUILT[key]

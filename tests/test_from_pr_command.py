@@ -14,12 +14,12 @@ import pytest
 
 from backports.megatron import cli
 from backports.megatron.authoring.from_pr.command import CHILDREN_NOTICE
-from tests.from_pr_fixture import GELU, NEWEST, Upstream, build
+from tests.from_pr_fixture import GELU, NEWEST, Upstream, shared
 
 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
-    return build(tmp_path_factory.mktemp("from-pr") / "Megatron-LM")
+    return shared(tmp_path_factory)
 
 
 @pytest.fixture(autouse=True)

@@ -8,12 +8,12 @@ from backports.megatron.authoring.from_pr.locate import installed_distribution, 
 from backports.megatron.authoring.from_pr.model import Located
 from backports.megatron.authoring.from_pr.resolve import resolve_pull_request
 from backports.megatron.authoring.from_pr.symbols import changed_symbols
-from tests.from_pr_fixture import DIVISIBILITY, GELU, POST_TRAINING, UTILS, Upstream, build
+from tests.from_pr_fixture import DIVISIBILITY, GELU, POST_TRAINING, UTILS, Upstream, shared
 
 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
-    return build(tmp_path_factory.mktemp("from-pr") / "Megatron-LM")
+    return shared(tmp_path_factory)
 
 
 def _located(upstream: Upstream, number: int) -> dict[str, Located]:

@@ -8,12 +8,12 @@ import pytest
 from backports.megatron.authoring.from_pr.clone import Clone, open_clone
 from backports.megatron.authoring.from_pr.errors import BadInput, Refused
 from backports.megatron.authoring.from_pr.resolve import resolve_pull_request
-from tests.from_pr_fixture import NEWEST, Upstream, build
+from tests.from_pr_fixture import NEWEST, Upstream, shared
 
 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
-    return build(tmp_path_factory.mktemp("from-pr") / "Megatron-LM")
+    return shared(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

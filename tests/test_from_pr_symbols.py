@@ -7,12 +7,12 @@ from backports.megatron.authoring.from_pr.clone import open_clone
 from backports.megatron.authoring.from_pr.resolve import resolve_pull_request
 from backports.megatron.authoring.from_pr.symbols import Changes, changed_symbols
 from backports.megatron.authoring.from_pr.units import map_units
-from tests.from_pr_fixture import GELU, ROPE, TEST_UTILS, UTILS, Upstream, build
+from tests.from_pr_fixture import GELU, ROPE, TEST_UTILS, UTILS, Upstream, shared
 
 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
-    return build(tmp_path_factory.mktemp("from-pr") / "Megatron-LM")
+    return shared(tmp_path_factory)
 
 
 def _changes(upstream: Upstream, number: int) -> Changes:

@@ -17,12 +17,12 @@ from backports.megatron.authoring.from_pr.model import Located
 from backports.megatron.authoring.from_pr.resolve import resolve_pull_request
 from backports.megatron.authoring.from_pr.symbols import changed_symbols
 from backports.megatron.authoring.from_pr.vendor import VendoredCode, vendor
-from tests.from_pr_fixture import Upstream, build, installed_text
+from tests.from_pr_fixture import Upstream, installed_text, shared
 
 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
-    return build(tmp_path_factory.mktemp("from-pr") / "Megatron-LM")
+    return shared(tmp_path_factory)
 
 
 def _located(upstream: Upstream, number: int) -> tuple[list[Located], object, object]:
