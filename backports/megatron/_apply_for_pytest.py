@@ -92,6 +92,12 @@ def pytest_collectreport(report: Any) -> None:
         _outcomes[report.nodeid] = "error"
         _errors.setdefault(report.nodeid, _first_error(report))
         _write()
+    elif report.skipped and isinstance(report.longrepr, tuple):
+        # A module-level skip (a test file that needs a GPU or Transformer Engine): its
+        # tests are never collected, so the file is the row, with the reason as a note.
+        _outcomes[report.nodeid] = "skipped"
+        _skips[report.nodeid] = str(report.longrepr[-1]).removeprefix("Skipped: ")
+        _write()
 
 
 def _environment() -> dict[str, Any]:

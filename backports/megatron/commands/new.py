@@ -4,6 +4,7 @@ import argparse
 from pathlib import Path
 
 from .. import exit_status
+from ..errors import BackportError
 
 __all__ = ["add_arguments", "run"]
 
@@ -30,11 +31,23 @@ def _release(text: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = _EXAMPLE
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--id", required=True, help="backport id, e.g. acme-9999")
-    parser.add_argument("--pr", required=True, type=int, help="upstream pull-request number")
-    parser.add_argument("--repo", required=True, metavar="URL", help="upstream repository")
-    parser.add_argument("--target", required=True, metavar="MODULE:QUALNAME", help="what to patch")
-    parser.add_argument("--dest", required=True, metavar="DIR", help="where to write (new folder)")
+    parser.add_argument("--id", help="backport id, e.g. acme-9999")
+    parser.add_argument("--pr", type=int, help="upstream pull-request number")
+    parser.add_argument("--repo", metavar="URL", help="upstream repository (--from-pr: a clone)")
+    parser.add_argument("--target", metavar="MODULE:QUALNAME", help="what to patch")
+    parser.add_argument("--dest", metavar="DIR", help="where to write (new folder)")
+    parser.add_argument(
+        "--from-pr",
+        type=int,
+        metavar="N",
+        help="derive and prove the whole plugin from pull request N of the --repo clone "
+        "(see docs/from-pr.md); --id and --dest are then optional",
+    )
+    parser.add_argument(
+        "--keep-unfinished",
+        action="store_true",
+        help="with --from-pr: write the plugin even when it cannot be proven (check fails)",
+    )
     parser.add_argument("--sha", help="the pull request's head commit (else set it later)")
     parser.add_argument("--package", help="import name (default: <id>_backport)")
     parser.add_argument(
@@ -53,6 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_pr is not None:  # derived from a pull request: its own pipeline
+        from ..authoring.from_pr import run as from_pr
+
+        return from_pr(args)
+    missing = [f"--{n}" for n in ("id", "pr", "repo", "target", "dest") if getattr(args, n) is None]
+    if missing:
+        raise BackportError(f"new needs {', '.join(missing)} (or --from-pr N --repo CLONE)")
     from .. import scaffold  # reads the installed target: only a scaffold needs it
 
     target = scaffold.read_target(args.target)

@@ -119,8 +119,26 @@ def _decorated_body(original: Any, target: Target) -> tuple[Any, str | None]:
         return None, "compiled by torch.compile, but the catalog entry declares no decorator"
     body = compiled
     if body is None and target.decorator is not None:
-        body = getattr(original, "__wrapped__", None)  # functools.wraps (custom_bwd, ...)
+        body = _declared_body(original, target.decorator)
     return body, None
+
+
+def _shape_probe(*args: Any, **kwargs: Any) -> None:
+    """What ``_declared_body`` decorates to learn the code of a decorator's wrapper."""
+
+
+def _declared_body(function: Any, decorator: str) -> Any:
+    """The function ``function`` wraps when it is the declared decorator's wrapper (a
+    ``functools.wraps`` closure as ``torch.no_grad``'s or ``custom_bwd``'s): its code is the
+    very code that decorator gives every function it wraps. Else None: another wrapper
+    (``functools.lru_cache``'s, a monkeypatch's) is not taken for the declared one."""
+    if getattr(function, "__wrapped__", None) is None or not inspect.isfunction(function):
+        return None
+    try:
+        made = live_decorator(decorator)(_shape_probe)
+    except Exception:  # a decorator that cannot be read or applied: not the declared shape
+        return None
+    return function.__wrapped__ if getattr(made, "__code__", None) is function.__code__ else None
 
 
 def _resolved(

@@ -1,0 +1,1 @@
+"""Authoring backports: deriving a plugin from an upstream pull request (``from_pr``)."""

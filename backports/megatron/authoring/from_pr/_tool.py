@@ -1,0 +1,95 @@
+"""What ``--from-pr`` takes from the rest of ``backports.megatron``, in one place.
+
+The package is being restructured around it: every internal it calls is imported here (and
+only here), so re-pointing them is one edit. The child interpreters' scripts import these
+names from this module too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ...errors import BackportError
+from ...private_globals import with_globals
+from ...sync.assemble import LIVE_MODULE, Piece, render_pieces
+from ...sync.errors import SyncError
+from ...sync.rewrite import LIVE_TARGET, Provenance, Vendored
+from ...upstream_schema import parse_upstream, render_upstream, unsafe_text
+from ...vendored import python_files_digest
+
+__all__ = [
+    "LIVE_MODULE",
+    "LIVE_TARGET",
+    "SYNCED_ORIGIN_LINES",
+    "BackportError",
+    "Piece",
+    "Provenance",
+    "SyncError",
+    "Vendored",
+    "builtin_ids",
+    "builtin_prefix",
+    "contract",
+    "deactivate_start_up",
+    "parse_upstream",
+    "python_files_digest",
+    "render_pieces",
+    "render_upstream",
+    "scaffold_texts",
+    "spec_by_id",
+    "unsafe_text",
+    "with_globals",
+]
+
+# The two origin lines the sync's assembly writes into a vendored file's header (see
+# sync/assemble.py); a derivation that merged a drifted symbol says so in their place.
+SYNCED_ORIGIN_LINES = (
+    "# origin: synced by backports sync: upstream's code as it is, except that the module\n"
+    "#         globals it reads are looked up on the live upstream modules.\n"
+)
+
+
+def contract() -> tuple[Callable[[Any], None], ...]:
+    """The contract kit every entry passes (``backports.megatron.testing``)."""
+    from ...testing import CONTRACT
+
+    return CONTRACT
+
+
+def spec_by_id(backport_id: str) -> Any:
+    from ...catalog import by_id
+
+    return by_id(backport_id)
+
+
+def deactivate_start_up() -> None:
+    """Keep an environment's start-up hook from applying on its own in this process."""
+    from ...job import start_up
+
+    start_up.deactivate()
+
+
+def builtin_ids() -> set[str]:
+    from ...catalog import CATALOG
+
+    return {spec.id for spec in CATALOG}
+
+
+def builtin_prefix() -> str:
+    from ...catalog._plugins import BUILTIN_PREFIX
+
+    return BUILTIN_PREFIX
+
+
+def scaffold_texts() -> dict[str, str]:
+    """The templates plain ``backports new`` writes its plugin from (``str.format`` texts
+    keyed by file role); ``--from-pr`` writes the same layout."""
+    from ... import _scaffold_templates as t
+
+    return {
+        "pyproject": t.PYPROJECT,
+        "package_init": t.PACKAGE_INIT,
+        "vendor_init": t.VENDOR_INIT,
+        "vendored_init": t.VENDORED_INIT,
+        "tests": t.TESTS,
+    }

@@ -1,0 +1,29 @@
+"""What ``backports new --from-pr`` raises: one line each, with the exit status it means.
+
+``BadInput`` (exit 2): the arguments cannot be acted on (no such clone, a destination that
+exists). ``Refused`` (exit 1, nothing written): the pull request is not in the clone, or the
+fix is too big to carry. ``NotProven`` (exit 1): a step could not show the backport works;
+``--keep-unfinished`` writes what was derived so far.
+"""
+
+from ...errors import BackportError
+
+__all__ = ["BadInput", "FromPrError", "NotProven", "Refused"]
+
+
+class FromPrError(BackportError):
+    """Every error of ``--from-pr``; ``exit_code`` is the command's exit status."""
+
+    exit_code = 1
+
+
+class BadInput(FromPrError):
+    exit_code = 2
+
+
+class Refused(FromPrError):
+    """Nothing to derive: the pull request is not there, or too big to carry."""
+
+
+class NotProven(FromPrError):
+    """A step could not prove the backport; what it derived up to there may be kept."""

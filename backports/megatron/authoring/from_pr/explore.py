@@ -1,0 +1,284 @@
+"""Find an input on which the installed and the fixed function do different things.
+
+Both functions are called on the same stand-ins (``standin``), starting from the plainest
+input (every ``bool()`` False, every argument a stand-in or its default); each input's
+neighbours flip one answer a stand-in gave (a ``bool()``, an empty iteration), or one
+argument (None, its default), breadth first, within a budget of runs and seconds. The
+first input where the facts differ is kept (one where both versions return is preferred),
+with a control input on which both versions agree, as close to it as found.
+
+With ``focus`` (route b: names the pull request's own test observes), only facts that
+mention one of those names count as a difference: the test's observation, lifted onto the
+stand-ins. Without it (route c), any difference counts.
+
+Runs in a child interpreter: the fixed function is the pull request's code.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .standin import Observation, Run, Setting, observe
+
+__all__ = ["Found", "recorders_for", "search"]
+
+# What a callee's source says when it allocates on a GPU or talks to a process group.
+_DEVICE_OR_GROUP = re.compile(
+    r"\bcuda\b|torch\.distributed|\bdist\.|process_group|_group\b|all_reduce|all_gather|"
+    r"reduce_scatter|broadcast\(|get_rank|get_world_size|current_device|transformer_engine|"
+    r"\bte_\w+"
+)
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Found:
+    observation: Observation
+    runs: int
+    seconds: float
+    attributes: int  # the stand-ins' attributes the discovery loop added
+    clean: bool  # both versions returned on the main input
+
+
+def _names(code: Any) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            names |= _names(const)
+    return names
+
+
+def _touches_device_or_groups(function: Any, namespace: dict[str, Any], depth: int) -> bool:
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return False
+    if _DEVICE_OR_GROUP.search(source):
+        return True
+    if depth <= 0 or not hasattr(function, "__code__"):
+        return False
+    callees = [namespace.get(n) for n in _names(function.__code__)]
+    return any(
+        inspect.isfunction(c) and _touches_device_or_groups(c, c.__globals__, depth - 1)
+        for c in callees
+    )
+
+
+def recorders_for(functions: list[Any], namespace: dict[str, Any]) -> tuple[str, ...]:
+    """Module globals the functions call that are megatron functions touching a GPU or a
+    process group (their source says so, or that of a function they call), or compiled
+    kernels (``torch.compile``, ``jit_fuser``): recorders stand in for them."""
+    names: set[str] = set()
+    for function in functions:
+        names |= _names(function.__code__)
+        own = function.__globals__
+        names |= {n for n in own if inspect.isfunction(own[n]) and n in _names(function.__code__)}
+    found = []
+    for name in sorted(names):
+        value = namespace.get(name, functions[-1].__globals__.get(name))
+        megatron = getattr(value, "__module__", "") or ""
+        is_ours = megatron.startswith("megatron") or "_vendor" in megatron or "vendor." in megatron
+        compiled = getattr(value, "_torchdynamo_orig_callable", None)
+        if compiled is not None and is_ours:
+            found.append(name)  # a torch.compile'd kernel: compiling it on stand-ins fails
+        elif (
+            inspect.isfunction(value)
+            and is_ours
+            and _touches_device_or_groups(value, value.__globals__, depth=2)
+        ):
+            found.append(name)
+    return tuple(found)
+
+
+def _facts(run: Run) -> set[str]:
+    return set(run.facts)
+
+
+def _focused(facts: set[str], focus: frozenset[str]) -> set[str]:
+    if not focus:
+        return facts
+    return {fact for fact in facts if set(_WORD.findall(fact)) & focus}
+
+
+def _anchors(differing: set[str], both: set[str]) -> tuple[str, ...]:
+    calls = {fact.split(" ")[0] + " " + fact.split(" ")[1] for fact in differing if " " in fact}
+    return tuple(sorted(c for c in calls if c.startswith("call ") and c in both))
+
+
+@dataclass
+class _Explorer:
+    installed: Any
+    fixed: Any
+    recorders: tuple[str, ...]
+    module: str
+    with_globals: Callable[..., Any]
+    focus: frozenset[str]
+    attributes: set[str]
+    learned: dict[str, int]
+    runs: int = 0
+
+    def run(self, function: Any, setting: Setting) -> Run:
+        chosen = dict(setting.lengths)
+        live = Setting(
+            dict(setting.arguments),
+            dict(setting.truths),
+            {**self.learned, **chosen},
+            self.attributes,
+        )
+        run = observe(function, live, self.recorders, self.module, self.with_globals)
+        for path, length in live.lengths.items():
+            if path not in chosen:
+                self.learned[path] = length
+        self.runs += 1
+        return run
+
+    def pair(self, setting: Setting) -> tuple[Run, Run]:
+        return self.run(self.installed, setting), self.run(self.fixed, setting)
+
+    def difference(self, a: Run, b: Run) -> tuple[set[str], set[str]]:
+        fa, fb = _facts(a), _facts(b)
+        return _focused(fb - fa, self.focus), _focused(fa - fb, self.focus)
+
+
+def _neighbours(
+    setting: Setting, runs: tuple[Run, Run], parameters: list[tuple[str, bool]]
+) -> list[Setting]:
+    out = []
+    for path in dict.fromkeys(runs[0].asked + runs[1].asked):
+        flipped = setting.copy()
+        flipped.truths[path] = not setting.truths.get(path, False)
+        out.append(flipped)
+    for path in dict.fromkeys(runs[0].iterated + runs[1].iterated):
+        if path not in setting.lengths and runs[0].setting.lengths.get(path, 0) == 0:
+            longer = setting.copy()
+            longer.lengths[path] = 1
+            out.append(longer)
+    for index, (name, has_default) in enumerate(parameters):
+        current = setting.arguments.get(name, "default" if has_default else "stand-in")
+        choices = ["stand-in", "none"] + (["default"] if has_default else [])
+        for choice in choices if index else []:  # self / ctx stays a stand-in
+            if choice != current:
+                other = setting.copy()
+                other.arguments[name] = choice
+                out.append(other)
+    return out
+
+
+def _choices(setting: Setting) -> set[tuple[str, str, object]]:
+    return (
+        {("truth", k, v) for k, v in setting.truths.items()}
+        | {("argument", k, v) for k, v in setting.arguments.items()}
+        | {("length", k, v) for k, v in setting.lengths.items()}
+    )
+
+
+def _distance(a: Setting, b: Setting) -> int:
+    """How many choices two inputs differ in."""
+    return len(_choices(a) ^ _choices(b))
+
+
+def _parameters(function: Any) -> list[tuple[str, bool]]:
+    return [
+        (name, p.default is not p.empty)
+        for name, p in inspect.signature(function).parameters.items()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+
+
+def search(
+    installed: Any,
+    fixed: Any,
+    *,
+    target: str,
+    module: str,
+    recorders: tuple[str, ...],
+    with_globals: Callable[..., Any],
+    focus: frozenset[str] = frozenset(),
+    max_runs: int = 4000,
+    seconds: float = 60.0,
+) -> Found | None:
+    """The first input (breadth first) on which ``installed`` and ``fixed`` differ."""
+    start = time.monotonic()
+    ex = _Explorer(installed, fixed, recorders, module, with_globals, focus, set(), {})
+    parameters = _parameters(installed)
+    queue: deque[Setting] = deque([Setting()])
+    visited = {Setting().key()}
+    agreeing: list[Setting] = []
+    found: Setting | None = None
+    fallback: Setting | None = None
+    while queue and ex.runs < max_runs and time.monotonic() - start < seconds:
+        setting = queue.popleft()
+        a, b = ex.pair(setting)
+        only_fixed, only_installed = ex.difference(a, b)
+        returned = [run.outcome.startswith("return") for run in (a, b)]
+        if (only_fixed or only_installed) and returned[1]:  # the fixed code must return
+            if returned[0]:
+                found = setting
+                break
+            fallback = fallback or setting  # the installed code raises: the bug may be that
+        elif _facts(a) == _facts(b) and any(f.startswith(("call ", "set")) for f in a.facts):
+            agreeing.append(setting)
+        for other in _neighbours(setting, (a, b), parameters):
+            if other.key() not in visited:
+                visited.add(other.key())
+                queue.append(other)
+    main = found or fallback
+    if main is None:
+        return None
+    return _freeze(ex, main, agreeing, target, start, clean=found is not None)
+
+
+def _freeze(
+    ex: _Explorer, main: Setting, agreeing: list[Setting], target: str, start: float, clean: bool
+) -> Found | None:
+    """Observe the main input and the nearest agreeing control again with everything the
+    search learned, twice each (the facts must be the same both times), and freeze them."""
+    a, b = ex.pair(main)
+    a2, b2 = ex.pair(main)
+    if _facts(a) != _facts(a2) or _facts(b) != _facts(b2):
+        return None  # not deterministic: no sniff can rest on it
+    only_fixed, only_installed = ex.difference(a, b)
+    if not (only_fixed or only_installed):
+        return None
+    control = None
+    for candidate in sorted(agreeing, key=lambda s: _distance(s, main)):
+        c1, c2 = ex.pair(candidate)
+        if _facts(c1) == _facts(c2):
+            control = (candidate, _facts(c1))
+            break
+    if control is None:
+        # Every input the search saw tells the versions apart (the fix is on every path):
+        # the control is then what both versions did on the main input.
+        control = (main, _facts(a) & _facts(b))
+    anchors = _anchors(only_fixed | only_installed, _facts(a) & _facts(b))
+    at_anchors = [
+        tuple(sorted(f for f in _facts(run) if f.startswith(anchors) and anchors)) for run in (b, a)
+    ]
+    knowledge = Setting(main.arguments, main.truths, {**ex.learned, **main.lengths}, ex.attributes)
+    control_knowledge = Setting(
+        control[0].arguments,
+        control[0].truths,
+        {**ex.learned, **control[0].lengths},
+        ex.attributes,
+    )
+    observation = Observation(
+        target,
+        ex.recorders,
+        ex.module,
+        knowledge.to_json(),
+        tuple(sorted(only_fixed)),
+        tuple(sorted(only_installed)),
+        anchors,
+        control_knowledge.to_json(),
+        tuple(sorted(control[1])),
+        at_anchors[0],
+        at_anchors[1],
+    )
+    seconds = time.monotonic() - start
+    return Found(observation, ex.runs, seconds, len(ex.attributes), clean)

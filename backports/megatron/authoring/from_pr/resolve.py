@@ -1,0 +1,90 @@
+"""Step one: a pull-request number to the three commits the derivation rests on.
+
+- head: ``refs/pull/N/head``;
+- merge: the commit on main whose subject names ``(#N)`` (a squash merge); commits that
+  name it but are not ancestors of main (a twin cherry-picked onto another branch, as
+  #6114's ``98be7da3`` on #6514's) are discarded and listed;
+- base: ``merge^`` for a merged pull request, ``merge-base(head, main)`` for an open one.
+
+A number above the clone's newest pull ref is refused in one line: the clone predates it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .clone import Clone
+from .errors import BadInput, Refused
+from .model import Commit, PullRequest
+
+__all__ = ["resolve_pull_request"]
+
+
+def _head(clone: Clone, number: int) -> Commit:
+    sha = clone.ref_sha(f"refs/pull/{number}/head")
+    if sha is not None:
+        return Commit("head", sha, clone.is_commit(sha), f"refs/pull/{number}/head")
+    known = clone.pull_numbers()
+    if not known:
+        raise Refused(f"{clone.path} has no refs/pull/*/head: fetch the pull requests first")
+    newest = known[-1]
+    if number > newest:
+        raise Refused(
+            f"#{number} is newer than this clone (its newest pull ref is #{newest}): "
+            "fetch it first (git fetch origin '+refs/pull/*:refs/pull/*')"
+        )
+    raise Refused(f"#{number} has no refs/pull/{number}/head in {clone.path} (not a pull request?)")
+
+
+def _merge(clone: Clone, number: int, main: str) -> tuple[Commit | None, tuple[str, ...]]:
+    """The squash merge on main, and the twins (commits naming #N off main) discarded."""
+    tag = f"(#{number})"
+    naming = [(sha, subject) for sha, subject in clone.commits_naming(tag) if tag in subject]
+    on_main = [sha for sha, _ in naming if clone.is_ancestor(sha, main)]
+    twins = tuple(sha for sha, _ in naming if sha not in on_main)
+    # A revert names the pull request inside quotes; the merge itself ends with the tag.
+    merges = [sha for sha in on_main if re.search(re.escape(tag) + r"\s*$", clone.subject(sha))]
+    if not merges:
+        return None, twins
+    sha = merges[0]  # newest first, as git log lists them
+    how = f"the commit on {main} whose subject ends with {tag}"
+    if len(merges) > 1:
+        how += f" (the newest of {len(merges)}: {', '.join(m[:12] for m in merges[1:])} older)"
+    return Commit("merge", sha, clone.is_commit(sha), how), twins
+
+
+def _base(clone: Clone, head: Commit, merge: Commit | None, main: str) -> Commit:
+    if merge is not None:
+        parents = clone.parents(merge.sha)
+        if not parents:
+            raise Refused(f"the merge {merge.sha} has no parent to diff against")
+        return Commit("base", parents[0], True, "merge^ (the squash merge's parent)")
+    sha = clone.merge_base(head.sha, main)
+    if sha is None:
+        raise Refused(f"refs/pull/{head.how} shares no history with {main}")
+    return Commit("base", sha, True, f"merge-base(head, {main}) (the pull request is open)")
+
+
+def _merge_checked(clone: Clone, merge: Commit, head: Commit, base: Commit) -> Commit:
+    """Verified: the merge changes the files the pull request's own commits change."""
+    pr_base = clone.merge_base(head.sha, merge.sha) or base.sha
+    merged = {p for pair in clone.changed_files(base.sha, merge.sha) for p in pair if p}
+    proposed = {p for pair in clone.changed_files(pr_base, head.sha) for p in pair if p}
+    if merged == proposed:
+        return Commit(merge.role, merge.sha, True, f"{merge.how}; changes the head's files")
+    differ = ", ".join(sorted(merged ^ proposed)[:3])
+    why = f"{merge.how}; NOT the same files as the head changes (differ: {differ})"
+    return Commit(merge.role, merge.sha, False, why)
+
+
+def resolve_pull_request(clone: Clone, number: int) -> PullRequest:
+    """The head, merge and base commits of pull request ``number`` in ``clone``."""
+    if number <= 0:
+        raise BadInput(f"--from-pr must be a positive pull-request number, not {number}")
+    main = clone.main_ref()
+    head = _head(clone, number)
+    merge, twins = _merge(clone, number, main)
+    base = _base(clone, head, merge, main)
+    if merge is not None:
+        merge = _merge_checked(clone, merge, head, base)
+    return PullRequest(number, head, merge, base, main, twins)

@@ -1,0 +1,163 @@
+"""The child interpreter's side of step five: synthesise the sniff by running the code.
+
+Run as ``python -I`` in a private scratch folder (``child.run_child``): it imports the
+installed megatron-core and the staged vendored module (the pull request's code), and for
+each target tries the routes in order, keeping the first that tells the installed code
+from the fixed one:
+
+(a) the pull request's own test, run on the target (bound as the test names it) when it
+    runs here on CPU within seconds: it must fail on the installed code and pass on the
+    fixed code;
+(b) the test's observation lifted onto stand-ins (``explore.search`` with the names the
+    test observes as its focus);
+(c) a differential search over inputs (``explore.search``, any difference).
+
+Reads a JSON request file, writes a JSON answer file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import sys
+import time
+import traceback
+import types
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _unwrapped(obj: Any) -> Any:
+    return inspect.unwrap(obj.__func__ if isinstance(obj, staticmethod) else obj)
+
+
+def _installed(module_name: str, attribute: str) -> tuple[Any, Any]:
+    """(the installed undecorated function, its module)."""
+    module = importlib.import_module(module_name)
+    owner_name, _, name = attribute.rpartition(".")
+    owner = getattr(module, owner_name) if owner_name else module
+    return _unwrapped(vars(owner)[name]), module
+
+
+def _test(test: dict[str, Any]) -> Any:
+    namespace: dict[str, Any] = {"__name__": "_backports_upstream_test"}
+    exec(compile(test["source"], "<upstream test>", "exec"), namespace)
+    return namespace[test["function"]]
+
+
+def _route_a(
+    request: dict[str, Any], target: dict[str, Any], installed: Any, fixed: Any
+) -> dict[str, Any] | None:
+    from ._tool import with_globals
+    from .standin import run_test, test_binding
+
+    tried = []
+    for test in request.get("tests", []):
+        name = target["attribute"].rpartition(".")[0] or target["attribute"]
+        if name not in test["names"]:
+            continue
+        start = time.monotonic()
+        try:
+            function = _test(test)
+        except Exception as exc:  # its imports need the upstream test tree, a GPU, ...
+            tried.append(f"a: {test['id']} does not load here: {type(exc).__name__}: {exc}")
+            continue
+        module, attribute = target["module"], target["attribute"]
+        stock = run_test(function, *test_binding(module, attribute, installed), with_globals)
+        ours = run_test(function, *test_binding(module, attribute, fixed), with_globals)
+        seconds = round(time.monotonic() - start, 2)
+        tried.append(
+            f"a: {test['id']}: {stock} on the installed code, {ours} on the fixed ({seconds} s)"
+        )
+        if stock == "failed" and ours == "passed" and seconds < request["test_seconds"]:
+            return {"route": "a", "test": test, "seconds": seconds, "tried": tried}
+    return {"route": None, "tried": tried} if tried else None
+
+
+def _route_bc(
+    request: dict[str, Any], target: dict[str, Any], installed: Any, fixed: Any, module: Any
+) -> dict[str, Any]:
+    from ._tool import with_globals
+    from .explore import recorders_for, search
+
+    recorders = recorders_for([installed, fixed], vars(module))
+    common = {
+        "target": target["attribute"],
+        "module": target["module"],
+        "recorders": list(recorders),
+        "with_globals": with_globals,
+    }
+    tried = []
+    for route, focus in (("b", frozenset(request["focus"])), ("c", frozenset())):
+        if route == "b" and not focus:
+            tried.append("b: the pull request's tests observe no name its change touches")
+            continue
+        found = search(
+            installed,
+            fixed,
+            target=common["target"],
+            module=common["module"],
+            recorders=recorders,
+            with_globals=with_globals,
+            focus=focus,
+            max_runs=request["max_runs"],
+            seconds=request["search_seconds"],
+        )
+        if found is not None:
+            from dataclasses import asdict
+
+            return {
+                "route": route,
+                "observation": asdict(found.observation),
+                "runs": found.runs,
+                "seconds": round(found.seconds, 2),
+                "attributes": found.attributes,
+                "clean": found.clean,
+                "tried": tried,
+            }
+        tried.append(f"{route}: no input within the budget told the versions apart")
+    return {"route": None, "tried": tried, "recorders": list(recorders)}
+
+
+def _one(
+    request: dict[str, Any], target: dict[str, Any], vendored: types.ModuleType
+) -> dict[str, Any]:
+    installed, module = _installed(target["module"], target["attribute"])
+    fixed = getattr(vendored, target["replacement"])
+    answer = _route_a(request, target, installed, fixed) if request.get("tests") else None
+    if answer is not None and answer["route"] == "a":
+        return answer
+    tried = answer["tried"] if answer else ["a: no test of the pull request names the target"]
+    result = _route_bc(request, target, installed, fixed, module)
+    result["tried"] = tried + result["tried"]
+    return result
+
+
+def main(argv: list[str]) -> int:
+    with open(argv[0], encoding="utf-8") as handle:
+        request = json.load(handle)
+    answer: dict[str, Any] = {"targets": {}}
+    try:
+        vendored = importlib.import_module(request["vendored"])
+        vendored.__target_module__ = request["main_module"]  # type: ignore[attr-defined]
+        for target in request["targets"]:
+            try:
+                answer["targets"][target["attribute"]] = _one(request, target, vendored)
+            except Exception as exc:
+                answer["targets"][target["attribute"]] = {
+                    "route": None,
+                    "tried": [f"the search failed: {type(exc).__name__}: {exc}"],
+                    "traceback": traceback.format_exc(limit=-4),
+                }
+    except Exception as exc:
+        answer["error"] = f"{type(exc).__name__}: {exc}"
+        answer["traceback"] = traceback.format_exc(limit=-4)
+    with open(argv[1], "w", encoding="utf-8") as handle:
+        json.dump(answer, handle, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

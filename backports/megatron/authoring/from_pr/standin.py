@@ -1,0 +1,520 @@
+"""Stand-ins that record what a function does with them: the sniff of a derived backport.
+
+A generated plugin carries a byte copy of this module (``_standin.py``) and nothing else of
+the tool besides public names, so it imports the standard library only.
+
+A function is called with a ``StandIn`` for every argument (``self`` and ``ctx`` too), and
+the callees that would touch a GPU or a process group are ``StandIn`` recorders in the
+function's private globals (``with_globals``). A stand-in has the attributes a
+``Setting`` lists and no others: reading another raises ``AttributeError``, so
+``hasattr`` and ``getattr(x, name, default)`` see it absent, and ``learn`` adds the
+attribute a call could not do without, then calls again (the attribute-discovery loop).
+What it does: calling a stand-in records a fact and returns a new stand-in; ``bool()``,
+``len()`` and iteration answer what the ``Setting`` says (False, 0 and nothing by
+default); comparisons and arithmetic give stand-ins. What the function did is its facts:
+every call of a stand-in with what it was handed, every attribute or item it set, what it
+returned or raised. Reads and questions are not facts: a version that asks more but does
+the same is the same.
+
+``judge`` compares a call's facts with what the derivation saw on the installed and on the
+fixed code: the facts only the fixed code produced, those only the installed one did, and
+a control call on which both agreed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+import types
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "Mismatch",
+    "Observation",
+    "Run",
+    "Setting",
+    "StandIn",
+    "call",
+    "describe",
+    "judge",
+    "learn",
+    "observe",
+]
+
+_UNPACK = re.compile(r"values to unpack \(expected (\d+)")
+_LEARN_BUDGET = 96  # attributes and lengths one call may learn
+_MAX_TEXT = 60
+
+
+class Mismatch(RuntimeError):
+    """The function behaves like neither version, or its control call changed: the sniff
+    cannot tell, so the backport is incompatible."""
+
+
+@dataclass
+class Setting:
+    """One input: each argument (a stand-in, None, or its default), what ``bool()`` and
+    ``len()`` of each stand-in say, and the attributes the stand-ins have."""
+
+    arguments: dict[str, str] = field(default_factory=dict)  # "stand-in" | "none" | "default"
+    truths: dict[str, bool] = field(default_factory=dict)
+    lengths: dict[str, int] = field(default_factory=dict)
+    attributes: set[str] = field(default_factory=set)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "arguments": dict(sorted(self.arguments.items())),
+            "truths": dict(sorted(self.truths.items())),
+            "lengths": dict(sorted(self.lengths.items())),
+            "attributes": sorted(self.attributes),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Setting:
+        return cls(
+            dict(data.get("arguments", {})),
+            dict(data.get("truths", {})),
+            dict(data.get("lengths", {})),
+            set(data.get("attributes", ())),
+        )
+
+    def copy(self) -> Setting:
+        return Setting.from_json(self.to_json())
+
+    def key(self) -> str:
+        """The input without its attributes (those are learned, not chosen)."""
+        data = self.to_json()
+        del data["attributes"]
+        return repr(sorted(data.items()))
+
+
+@dataclass
+class Run:
+    """What one call did (``facts``) and which questions it asked of the stand-ins."""
+
+    setting: Setting
+    facts: list[str] = field(default_factory=list)
+    asked: list[str] = field(default_factory=list)  # bool() of these stand-ins
+    iterated: list[str] = field(default_factory=list)  # len() / iteration of these
+    calls: dict[str, int] = field(default_factory=dict)
+    outcome: str = ""
+    error: BaseException | None = None
+
+    def count(self, path: str) -> int:
+        n = self.calls.get(path, 0)
+        self.calls[path] = n + 1
+        return n
+
+
+def describe(value: Any) -> str:
+    """A short, stable text for a value handed to a stand-in or returned."""
+    if isinstance(value, StandIn):
+        return f"<{object.__getattribute__(value, '_si_path')}>"
+    if value is None or isinstance(value, bool | int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value[:_MAX_TEXT])
+    if isinstance(value, tuple | list):
+        inner = ", ".join(describe(v) for v in value[:8])
+        more = ", ..." if len(value) > 8 else ""
+        return f"({inner}{more})" if isinstance(value, tuple) else f"[{inner}{more}]"
+    if isinstance(value, dict):
+        items = list(value.items())[:8]
+        return "{" + ", ".join(f"{describe(k)}: {describe(v)}" for k, v in items) + "}"
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return f"tensor[{value.dtype}, {tuple(value.shape)}]"
+    if torch is not None and isinstance(value, torch.dtype | torch.device):
+        return str(value)
+    if isinstance(value, type):
+        return f"class {value.__qualname__}"
+    if isinstance(value, types.FunctionType | types.MethodType | types.BuiltinFunctionType):
+        return f"function {getattr(value, '__qualname__', '?')}"
+    return f"<{type(value).__name__}>"
+
+
+def _binary(symbol: str, reflected: bool = False) -> Callable[[StandIn, Any], StandIn]:
+    def op(self: StandIn, other: Any) -> StandIn:
+        mine = object.__getattribute__(self, "_si_path")
+        left, right = (describe(other), mine) if reflected else (mine, describe(other))
+        return self._si_child(f"({left} {symbol} {right})")
+
+    return op
+
+
+def _unary(symbol: str) -> Callable[[StandIn], StandIn]:
+    def op(self: StandIn) -> StandIn:
+        return self._si_child(f"({symbol}{object.__getattribute__(self, '_si_path')})")
+
+    return op
+
+
+class StandIn:
+    """A recording stand-in at ``path`` (``self``, ``ctx.saved_tensors[1]``, ...)."""
+
+    def __init__(self, path: str, run: Run) -> None:
+        object.__setattr__(self, "_si_path", path)
+        object.__setattr__(self, "_si_run", run)
+        object.__setattr__(self, "_si_children", {})
+
+    def _si_child(self, path: str) -> StandIn:
+        children = object.__getattribute__(self, "_si_children")
+        if path not in children:
+            children[path] = StandIn(path, object.__getattribute__(self, "_si_run"))
+        return children[path]  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        path = object.__getattribute__(self, "_si_path")
+        run: Run = object.__getattribute__(self, "_si_run")
+        key = f"{path}.{name}"
+        if not (name.startswith("__") and name.endswith("__")) and key in run.setting.attributes:
+            return self._si_child(key)
+        raise AttributeError(f"stand-in {path} has no attribute {name!r}", name=name, obj=self)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        path = object.__getattribute__(self, "_si_path")
+        run: Run = object.__getattribute__(self, "_si_run")
+        run.facts.append(f"set {path}.{name}={describe(value)}")
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        path = object.__getattribute__(self, "_si_path")
+        object.__getattribute__(self, "_si_run").facts.append(f"del {path}.{name}")
+        object.__delattr__(self, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> StandIn:
+        path = object.__getattribute__(self, "_si_path")
+        run: Run = object.__getattribute__(self, "_si_run")
+        call = f"call {path}#{run.count(path)}"
+        run.facts.append(call)
+        run.facts += [f"{call} arg{i}={describe(a)}" for i, a in enumerate(args)]
+        run.facts += [f"{call} {k}={describe(v)}" for k, v in sorted(kwargs.items())]
+        return self._si_child(f"{call.removeprefix('call ')}()")
+
+    def __bool__(self) -> bool:
+        path = object.__getattribute__(self, "_si_path")
+        run: Run = object.__getattribute__(self, "_si_run")
+        run.asked.append(path)
+        return run.setting.truths.get(path, False)
+
+    def __len__(self) -> int:
+        path = object.__getattribute__(self, "_si_path")
+        run: Run = object.__getattribute__(self, "_si_run")
+        run.iterated.append(path)
+        return run.setting.lengths.get(path, 0)
+
+    def __iter__(self) -> Iterator[StandIn]:
+        path = object.__getattribute__(self, "_si_path")
+        return iter([self._si_child(f"{path}[{i}]") for i in range(len(self))])
+
+    def __getitem__(self, key: Any) -> StandIn:
+        return self._si_child(f"{object.__getattribute__(self, '_si_path')}[{describe(key)}]")
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        path = object.__getattribute__(self, "_si_path")
+        run: Run = object.__getattribute__(self, "_si_run")
+        run.facts.append(f"setitem {path}[{describe(key)}]={describe(value)}")
+
+    def __delitem__(self, key: Any) -> None:
+        path = object.__getattribute__(self, "_si_path")
+        object.__getattribute__(self, "_si_run").facts.append(f"delitem {path}[{describe(key)}]")
+
+    def __contains__(self, item: Any) -> bool:
+        path = object.__getattribute__(self, "_si_path")
+        return bool(self._si_child(f"({describe(item)} in {path})"))
+
+    def __enter__(self) -> StandIn:
+        path = object.__getattribute__(self, "_si_path")
+        object.__getattribute__(self, "_si_run").facts.append(f"enter {path}")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def __hash__(self) -> int:
+        return hash(object.__getattribute__(self, "_si_path"))
+
+    def __repr__(self) -> str:
+        return f"<stand-in {object.__getattribute__(self, '_si_path')}>"
+
+    def __index__(self) -> int:
+        raise TypeError(f"{self!r} is not a number")
+
+    __eq__ = _binary("==")  # type: ignore[assignment]
+    __ne__ = _binary("!=")  # type: ignore[assignment]
+    __lt__ = _binary("<")
+    __le__ = _binary("<=")
+    __gt__ = _binary(">")
+    __ge__ = _binary(">=")
+    __add__ = _binary("+")
+    __radd__ = _binary("+", reflected=True)
+    __sub__ = _binary("-")
+    __rsub__ = _binary("-", reflected=True)
+    __mul__ = _binary("*")
+    __rmul__ = _binary("*", reflected=True)
+    __truediv__ = _binary("/")
+    __rtruediv__ = _binary("/", reflected=True)
+    __floordiv__ = _binary("//")
+    __rfloordiv__ = _binary("//", reflected=True)
+    __mod__ = _binary("%")
+    __rmod__ = _binary("%", reflected=True)
+    __pow__ = _binary("**")
+    __matmul__ = _binary("@")
+    __rmatmul__ = _binary("@", reflected=True)
+    __and__ = _binary("&")
+    __rand__ = _binary("&", reflected=True)
+    __or__ = _binary("|")
+    __ror__ = _binary("|", reflected=True)
+    __neg__ = _unary("-")
+    __pos__ = _unary("+")
+    __invert__ = _unary("~")
+    __abs__ = _unary("abs ")
+
+
+class _ModuleView:
+    """A module as a private copy of a vendored function sees it: ``overrides`` first."""
+
+    def __init__(self, module: Callable[[], Any], overrides: Mapping[str, Any]) -> None:
+        self._module = module
+        self._overrides = dict(overrides)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._overrides:
+            return self._overrides[name]
+        return getattr(self._module(), name)
+
+
+def _private_copy(
+    function: Any,
+    recorders: Mapping[str, Any],
+    module: str,
+    with_globals: Callable[..., Any],
+) -> Any:
+    """``function`` seeing ``recorders`` in place of those globals of ``module``, whether it
+    reads them directly (the installed code), through ``_live_target()`` or through
+    ``_live_module(module)`` (vendored code)."""
+    overrides = dict(recorders)
+    live_module = function.__globals__.get("_live_module")
+    if callable(live_module):
+
+        def private_live_module(name: str) -> Any:
+            if name != module:
+                return live_module(name)
+            return _ModuleView(lambda: live_module(name), recorders)
+
+        overrides["_live_module"] = private_live_module
+    return with_globals(function, overrides)
+
+
+def _arguments(function: Any, setting: Setting, run: Run) -> dict[str, Any]:
+    arguments: dict[str, Any] = {}
+    for name, parameter in inspect.signature(function).parameters.items():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        has_default = parameter.default is not parameter.empty
+        choice = setting.arguments.get(name, "default" if has_default else "stand-in")
+        if choice == "default" and has_default:
+            continue
+        arguments[name] = None if choice == "none" else StandIn(name, run)
+    return arguments
+
+
+def call(
+    function: Any,
+    setting: Setting,
+    recorders: tuple[str, ...],
+    module: str,
+    with_globals: Callable[..., Any],
+) -> Run:
+    """One call of ``function`` with stand-ins as ``setting`` says; never raises."""
+    run = Run(setting)
+    kwargs = _arguments(function, setting, run)
+    positional_only = [
+        name
+        for name, p in inspect.signature(function).parameters.items()
+        if p.kind == p.POSITIONAL_ONLY and name in kwargs
+    ]
+    args = [kwargs.pop(name) for name in positional_only]
+    stand_ins = {name: StandIn(name, run) for name in recorders}
+    private = _private_copy(function, stand_ins, module, with_globals)
+    try:
+        value = private(*args, **kwargs)
+    except Exception as exc:  # what the code raised is a fact like any other
+        run.error = exc
+        run.outcome = f"raise {type(exc).__name__}"
+    else:
+        run.outcome = f"return {describe(value)}"
+    run.facts.append(run.outcome)
+    return run
+
+
+def learn(run: Run) -> bool:
+    """Add to the run's setting what its call could not do without (an attribute a
+    stand-in lacked, how many items a stand-in unpacks to); False when nothing to learn."""
+    error = run.error
+    if isinstance(error, AttributeError) and isinstance(getattr(error, "obj", None), StandIn):
+        path = object.__getattribute__(error.obj, "_si_path")
+        key = f"{path}.{error.name}"
+        if key not in run.setting.attributes:
+            run.setting.attributes.add(key)
+            return True
+    if isinstance(error, ValueError) and run.iterated:
+        match = _UNPACK.search(str(error))
+        if match is not None and run.setting.lengths.get(run.iterated[-1]) != int(match[1]):
+            run.setting.lengths[run.iterated[-1]] = int(match[1])
+            return True
+    return False
+
+
+def observe(
+    function: Any,
+    setting: Setting,
+    recorders: tuple[str, ...],
+    module: str,
+    with_globals: Callable[..., Any],
+    budget: int = _LEARN_BUDGET,
+) -> Run:
+    """Call ``function`` until nothing is left to learn (``setting`` grows in place)."""
+    run = call(function, setting, recorders, module, with_globals)
+    for _ in range(budget):
+        if not learn(run):
+            break
+        run = call(function, setting, recorders, module, with_globals)
+    return run
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the derivation froze for one target: the input that tells the versions apart
+    (``main``) and the facts that do (``fixed`` only the fixed code produced, ``needed``
+    only the installed one), the facts the difference happens at (``anchors``), and a
+    control input both versions agreed on, with its facts."""
+
+    target: str
+    recorders: tuple[str, ...]
+    module: str
+    main: dict[str, Any]
+    fixed: tuple[str, ...]
+    needed: tuple[str, ...]
+    anchors: tuple[str, ...]
+    control: dict[str, Any]
+    control_facts: tuple[str, ...]
+    # Everything each version did at the anchors (a call: its every argument).
+    fixed_at_anchors: tuple[str, ...] = ()
+    installed_at_anchors: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Observation:
+        return cls(
+            data["target"],
+            tuple(data["recorders"]),
+            data["module"],
+            dict(data["main"]),
+            tuple(data["fixed"]),
+            tuple(data["needed"]),
+            tuple(data["anchors"]),
+            dict(data["control"]),
+            tuple(data["control_facts"]),
+            tuple(data.get("fixed_at_anchors", ())),
+            tuple(data.get("installed_at_anchors", ())),
+        )
+
+
+def seen(
+    function: Any, observation: Observation, with_globals: Callable[..., Any]
+) -> dict[str, Any]:
+    """The facts of ``function`` on the observation's two inputs (JSON-able)."""
+    o = observation
+    main = observe(function, Setting.from_json(o.main), o.recorders, o.module, with_globals)
+    control = observe(function, Setting.from_json(o.control), o.recorders, o.module, with_globals)
+    return {"main": sorted(set(main.facts)), "control": sorted(set(control.facts))}
+
+
+def _same_at(seen: set[str], frozen: tuple[str, ...]) -> bool:
+    """What the call did at the anchors is what that version did (every argument): one
+    that passes something else there behaves like neither."""
+    return not frozen or seen == set(frozen)
+
+
+def judge(facts: Mapping[str, Any], observation: Observation) -> bool:
+    """Fixed (True) or not (False), from ``seen``'s facts; ``Mismatch`` when neither."""
+    o = observation
+    control = set(facts["control"])
+    lost = [fact for fact in o.control_facts if fact not in control]
+    if lost:
+        raise Mismatch(f"{o.target}: the control call no longer does {lost[0]!r}")
+    main = set(facts["main"])
+    missing = [fact for fact in o.anchors if fact not in main]
+    if missing:
+        raise Mismatch(f"{o.target}: the call the versions differ at is gone: {missing[0]!r}")
+    fixed_seen = [f in main for f in o.fixed]
+    needed_seen = [f in main for f in o.needed]
+    at_anchors = {f for f in main if o.anchors and f.startswith(o.anchors)}
+    if all(fixed_seen) and not any(needed_seen) and _same_at(at_anchors, o.fixed_at_anchors):
+        return True
+    if all(needed_seen) and not any(fixed_seen) and _same_at(at_anchors, o.installed_at_anchors):
+        return False
+    shown = (
+        [f for f, s in zip(o.fixed, fixed_seen, strict=True) if not s]
+        or [f for f, s in zip(o.needed, needed_seen, strict=True) if s]
+        or sorted(at_anchors ^ set(o.fixed_at_anchors))
+        or ["?"]
+    )
+    raise Mismatch(f"{o.target}: behaves like neither version (at {shown[0]!r})")
+
+
+# ---- route (a): the pull request's own test, run on a target -------------------------------
+
+
+def test_binding(module_name: str, attribute: str, function: Any) -> tuple[str, Any]:
+    """(the name a test uses for the target, what to bind it to in the test's private
+    globals): the function itself, or a subclass of its class whose method is ``function``
+    (the live class is never written)."""
+    import importlib
+
+    module = importlib.import_module(module_name)
+    owner_name, _, name = attribute.rpartition(".")
+    if not owner_name:
+        return name, function
+    owner = getattr(module, owner_name)
+    member = staticmethod(function) if isinstance(vars(owner)[name], staticmethod) else function
+    return owner_name, type(owner_name, (owner,), {name: member, "__module__": owner.__module__})
+
+
+def run_test(test: Any, name: str, value: Any, with_globals: Callable[..., Any]) -> str:
+    """ "passed", "failed" (an assertion) or "error <type>: <line>" for ``test()`` run with
+    ``name`` bound to ``value``."""
+    try:
+        with_globals(test, {name: value})()
+    except AssertionError:
+        return "failed"
+    except Exception as exc:
+        first = (str(exc).splitlines() or [""])[0][:120]
+        return f"error {type(exc).__name__}: {first}"
+    return "passed"
+
+
+# ---- one sniffed target, whichever route made it -----------------------------------------
+
+
+def look(
+    function: Any, entry: Mapping[str, Any], with_globals: Callable[..., Any], tests: Any = None
+) -> dict[str, Any]:
+    """What ``function`` does on the entry's inputs (JSON-able)."""
+    if entry["route"] == "a":
+        test = getattr(tests, entry["test"])
+        bound = test_binding(entry["module"], entry["target"], function)
+        return {"test": run_test(test, *bound, with_globals)}
+    return seen(function, Observation.from_json(entry["observation"]), with_globals)
+
+
+def decide(facts: Mapping[str, Any], entry: Mapping[str, Any]) -> bool:
+    """Fixed or not from ``look``'s result; ``Mismatch`` when it cannot tell."""
+    if entry["route"] == "a":
+        if facts["test"] in ("passed", "failed"):
+            return bool(facts["test"] == "passed")
+        raise Mismatch(f"{entry['target']}: the upstream test {entry['test']}: {facts['test']}")
+    return judge(facts, Observation.from_json(entry["observation"]))

@@ -1,0 +1,152 @@
+"""Step two: the pull request's diff as the symbols it changes, and the tests it touches.
+
+Every hunk of a ``.py`` file under ``megatron/`` is mapped, old side in the base's text and
+new side in the new text, to its unit (``units``); a unit only the new side has is a new
+helper (a function or a constant the changed code may call). Under ``tests/``, every test
+function the pull request added or changed becomes a pytest node id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .clone import Clone
+from .errors import Refused
+from .model import PullRequest, Symbol
+from .units import Unit, UnitMap, map_units
+
+__all__ = ["Changes", "changed_symbols"]
+
+SOURCE_ROOT = "megatron/"
+TESTS_ROOT = "tests/"
+
+
+@dataclass(frozen=True)
+class Changes:
+    symbols: tuple[Symbol, ...]
+    tests: tuple[str, ...]  # pytest node ids of tests added or changed
+    other_files: tuple[str, ...]  # changed files that are neither (docs, configs, ...)
+
+
+def _parse(text: str | None, where: str) -> UnitMap | None:
+    if text is None:
+        return None
+    try:
+        return map_units(text)
+    except SyntaxError as exc:
+        raise Refused(f"{where} does not parse: {exc}") from exc
+
+
+@dataclass
+class _Tally:
+    unit: Unit
+    old: bool = False  # seen on the base side
+    new: bool = False
+    lines: int = 0
+    inner: set[str] | None = None
+
+
+def _tally_file(
+    clone: Clone, pr: PullRequest, old_path: str | None, new_path: str | None
+) -> tuple[dict[str, _Tally], UnitMap | None, UnitMap | None]:
+    base, new = pr.base.sha, pr.new.sha
+    old_map = _parse(clone.text(base, old_path), f"{old_path} at {base[:12]}") if old_path else None
+    new_map = _parse(clone.text(new, new_path), f"{new_path} at {new[:12]}") if new_path else None
+    tallies: dict[str, _Tally] = {}
+
+    def count(unit: Unit, side: str) -> None:
+        tally = tallies.setdefault(unit.qualname, _Tally(unit, inner=set()))
+        setattr(tally, side, True)
+        tally.lines += 1
+        if unit.inner and tally.inner is not None:
+            tally.inner.add(unit.inner)
+
+    if old_path and new_path:
+        for hunk in clone.hunks(base, new, old_path, new_path):
+            for line in hunk.old_lines():
+                assert old_map is not None
+                count(old_map.unit(line), "old")
+            for line in hunk.new_lines():
+                assert new_map is not None
+                count(new_map.unit(line), "new")
+    else:  # a whole file added or removed: each of its top-level units
+        whole = new_map or old_map
+        assert whole is not None
+        side = "new" if new_map else "old"
+        for scope in whole.scopes:  # every def: a test method of a new file counts too
+            count(whole.unit(getattr(scope.node, "lineno", scope.first)), side)
+    return tallies, old_map, new_map
+
+
+def _symbol(tally: _Tally, old_map: UnitMap | None, new_map: UnitMap | None) -> Symbol:
+    unit = tally.unit
+    in_old = old_map is not None and _defined(old_map, unit.qualname)
+    in_new = new_map is not None and _defined(new_map, unit.qualname)
+    kind, tags = unit.kind, list(unit.tags)
+    if in_new and not in_old and unit.kind in ("function", "class body"):
+        kind, tags = "new helper", ["new helper", *tags]
+    elif in_new and not in_old and unit.kind == "method":
+        kind, tags = "new method", ["new method", *tags]
+    elif in_new and not in_old and unit.kind == "module statement":
+        kind, tags = "new constant", ["new constant", *tags]
+    elif in_old and not in_new:
+        kind, tags = "removed", ["removed", *tags]
+    return Symbol("", unit.qualname, kind, tuple(tags), tally.lines, None, tuple(tally.inner or ()))
+
+
+def _defined(units: UnitMap, qualname: str) -> bool:
+    if units.scope(qualname) is not None:
+        return True
+    return any(units.unit(getattr(s, "lineno", 0)).qualname == qualname for s in units.tree.body)
+
+
+def _tests(tallies: dict[str, _Tally], path: str, old_map: UnitMap | None) -> list[str]:
+    ids = []
+    for qualname, tally in tallies.items():
+        names = qualname.split(".")
+        is_test = names[-1].startswith("test") and tally.new
+        in_class = len(names) == 2 and names[0].startswith("Test")
+        if is_test and (len(names) == 1 or in_class):
+            ids.append(f"{path}::{'::'.join(names)}")
+    # A test method whose nested helper changed counts as the test changing.
+    for tally in tallies.values():
+        for inner in tally.inner or ():
+            names = inner.split(".")[:2]
+            if names[-1].startswith("test") and f"{path}::{'::'.join(names)}" not in ids:
+                ids.append(f"{path}::{'::'.join(names)}")
+    del old_map
+    return ids
+
+
+def changed_symbols(clone: Clone, pr: PullRequest) -> Changes:
+    """Every symbol under ``megatron/`` the pull request changes, and its tests."""
+    symbols: list[Symbol] = []
+    tests: list[str] = []
+    other: list[str] = []
+    for old_path, new_path in clone.changed_files(pr.base.sha, pr.new.sha):
+        path = new_path or old_path
+        assert path is not None
+        is_python = path.endswith(".py")
+        if is_python and path.startswith(SOURCE_ROOT):
+            tallies, old_map, new_map = _tally_file(clone, pr, old_path, new_path)
+            for tally in tallies.values():
+                symbol = _symbol(tally, old_map, new_map)
+                symbols.append(
+                    Symbol(
+                        path,
+                        symbol.qualname,
+                        symbol.kind,
+                        symbol.tags,
+                        symbol.lines,
+                        old_path,
+                        symbol.inner,
+                    )
+                )
+        elif is_python and path.startswith(TESTS_ROOT) and new_path is not None:
+            name = path.rsplit("/", 1)[-1]
+            if name.startswith("test_") or name.endswith("_test.py"):
+                tallies, old_map, _ = _tally_file(clone, pr, old_path, new_path)
+                tests += _tests(tallies, path, old_map)
+        else:
+            other.append(path)
+    return Changes(tuple(symbols), tuple(dict.fromkeys(tests)), tuple(other))

@@ -1,0 +1,437 @@
+"""Step four: the vendored module, from upstream's text, through the sync's assembly.
+
+- A symbol the release has exactly as the pull request's base is vendored as upstream's
+  text at the merge (the head, for an open pull request), as ``backports sync`` would.
+- A symbol that drifted is the installed text with this pull request's hunks merged in
+  (``merge``); a hunk that does not apply stops here, showing it.
+- New helpers and constants the pull request adds are carried along.
+
+Methods become module functions (the sync's assembly dedents them and records their
+decorators); a zero-argument ``super()`` gets its class and instance spelled out, since
+the function is no longer defined in the class body. Every name the vendored code reads on
+an installed module must be there, or nothing is written.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+from . import _tool
+from .clone import Clone
+from .errors import NotProven, Refused
+from .locate import Installed, module_of, segment
+from .merge import Conflict, merge_symbol
+from .model import Located, PullRequest
+from .units import map_units
+
+__all__ = ["CarriedTarget", "VendoredCode", "vendor"]
+
+_STATIC = ("staticmethod", "classmethod")
+
+
+@dataclass(frozen=True)
+class CarriedTarget:
+    """One installed function or method the backport replaces, and with what."""
+
+    located: Located
+    module: str  # the installed module that defines it
+    attribute: str  # "fn" or "Class.method", as installed
+    replacement: str  # the vendored module's function that replaces it
+    parameters: tuple[str, ...]  # the installed, undecorated signature
+    decorator: str | None  # "module:name" of the decorator the installed one carries
+    merged: bool  # drifted: carried by a three-way merge
+    helpers: tuple[str, ...] = ()
+
+    @property
+    def upstream(self) -> str:
+        return self.located.symbol.qualname
+
+
+@dataclass(frozen=True)
+class VendoredCode:
+    text: str
+    file: str  # the vendored module's file name
+    targets: tuple[CarriedTarget, ...]
+    carried: tuple[str, ...]  # new helpers and constants carried along
+    decorators: dict[str, list[str]]
+    reads: tuple[str, ...]  # on the first target's module
+    reads_from: dict[str, tuple[str, ...]]
+    segment: str  # upstream's text of the pieces (what upstream_sha256 hashes)
+    left_out: tuple[str, ...]  # symbols not carried, each with why
+
+    @property
+    def origin(self) -> str:
+        return "handwritten" if any(t.merged for t in self.targets) else "synced"
+
+
+def _installed_def(installed: Installed, module: str, qualname: str) -> ast.FunctionDef:
+    path = next(p for p in installed.files if module_of(p) == module)
+    found = installed.parsed(path)
+    assert found is not None
+    scope = found[1].scope(qualname)
+    if scope is None or not isinstance(scope.node, ast.FunctionDef):
+        raise NotProven(f"{module}.{qualname} is not a def in the installed code")
+    return scope.node
+
+
+def _parameters(node: ast.FunctionDef) -> tuple[str, ...]:
+    a = node.args
+    every = [*a.posonlyargs, *a.args, a.vararg, *a.kwonlyargs, a.kwarg]
+    return tuple(arg.arg for arg in every if arg is not None)
+
+
+def _imports(tree: ast.Module) -> dict[str, str]:
+    found = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                found[alias.asname or alias.name] = f"{node.module}:{alias.name}"
+    return found
+
+
+def _decorator(node: ast.FunctionDef, module: str, tree: ast.Module) -> str | None:
+    """The one decorator besides staticmethod/classmethod, as "module:name", or None."""
+    heads = [d for d in node.decorator_list if ast.unparse(d) not in _STATIC]
+    if not heads:
+        return None
+    # ``@torch.no_grad()`` is recorded as ``torch:no_grad``: the probe accepts it only
+    # where that decorator makes the very wrapper the installed one is (same code).
+    head = heads[0].func if isinstance(heads[0], ast.Call) else heads[0]
+    called_with = isinstance(heads[0], ast.Call) and (heads[0].args or heads[0].keywords)
+    if len(heads) > 1 or called_with:
+        shown = ", ".join("@" + ast.unparse(d) for d in heads)
+        raise Refused(f"{module}.{node.name} carries {shown}: one plain decorator at most")
+    text = ast.unparse(head)
+    if "." in text:
+        owner, _, name = text.rpartition(".")
+        return f"{owner}:{name}"
+    return _imports(tree).get(text, f"{module}:{text}")
+
+
+def _target(loc: Located, installed: Installed, merged: bool) -> CarriedTarget:
+    assert loc.module is not None and loc.qualname is not None
+    node = _installed_def(installed, loc.module, loc.qualname)
+    path = next(p for p in installed.files if module_of(p) == loc.module)
+    parsed = installed.parsed(path)
+    assert parsed is not None
+    return CarriedTarget(
+        loc,
+        loc.module,
+        loc.qualname,
+        loc.symbol.qualname.rpartition(".")[2],
+        _parameters(node),
+        _decorator(node, loc.module, parsed[1].tree),
+        merged,
+    )
+
+
+def _merged_source(loc: Located, clone: Clone, pr: PullRequest, installed: Installed) -> str:
+    """The installed module's text with this pull request's hunks merged into the symbol."""
+    assert loc.module is not None and loc.qualname is not None
+    symbol = loc.symbol
+    path = next(p for p in installed.files if module_of(p) == loc.module)
+    parsed = installed.parsed(path)
+    base_text = clone.text(pr.base.sha, symbol.old_path or symbol.path)
+    new_text = clone.text(pr.new.sha, symbol.path)
+    assert parsed is not None and base_text is not None and new_text is not None
+    text, units = parsed
+    mine = segment(text, units, loc.qualname)
+    base = segment(base_text, map_units(base_text), symbol.qualname)
+    new = segment(new_text, map_units(new_text), symbol.qualname)
+    assert mine is not None and base is not None and new is not None
+    merged = merge_symbol(mine, base, new, symbol.shown)
+    scope = units.scope(loc.qualname)
+    assert scope is not None
+    lines = text.splitlines(keepends=True)
+    return "".join(lines[: scope.first - 1]) + merged + "".join(lines[scope.last :])
+
+
+@dataclass
+class _Plan:
+    sources: dict[str, str]
+    pieces: list[_tool.Piece]
+    targets: list[CarriedTarget]
+    carried: list[str]
+    left_out: list[str]
+    decorators: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _undecorated(source: str, name: str) -> tuple[str, list[str]]:
+    """``source`` without the decorator lines of its top-level ``def name``, and their texts:
+    the applier decorates the vendored body with the live decorator, as for a method."""
+    node = next(
+        n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name
+    )
+    texts = [ast.get_source_segment(source, d) or ast.unparse(d) for d in node.decorator_list]
+    if not node.decorator_list:
+        return source, texts
+    lines = source.splitlines(keepends=True)
+    first = min(d.lineno for d in node.decorator_list)
+    return "".join(lines[: first - 1] + lines[node.lineno - 1 :]), texts
+
+
+def _plan(
+    located: list[Located], clone: Clone, pr: PullRequest, installed: Installed, conflicts: str
+) -> _Plan:
+    plan = _Plan({}, [], [], [], [])
+    helpers = []
+    for loc in located:
+        symbol = loc.symbol
+        if symbol.kind in ("comment", "import"):
+            continue
+        if loc.status == "not shipped":
+            plan.left_out.append(f"{symbol.shown}: {loc.how}")
+        elif loc.status == "absent":
+            raise NotProven(f"{symbol.shown} is {loc.how}: there is nothing installed to patch")
+        elif loc.status == "new":
+            helpers.append(loc)
+        elif symbol.kind in ("function", "method"):
+            merged = loc.status == "drifted"
+            key = f"{symbol.path}@{'installed+pr' if merged else pr.new.sha[:12]}"
+            try:
+                if key not in plan.sources:
+                    plan.sources[key] = (
+                        _merged_source(loc, clone, pr, installed)
+                        if merged
+                        else clone.text(pr.new.sha, symbol.path) or ""
+                    )
+                elif merged:  # a second drifted symbol of the same file: merge it in too
+                    plan.sources[key] = _merge_into(plan.sources[key], loc, clone, pr)
+            except Conflict:
+                if conflicts != "installed":
+                    raise
+                # --keep-unfinished: the installed text stands where the merge failed.
+                path = next(p for p in installed.files if module_of(p) == loc.module)
+                plan.sources.setdefault(key, (installed.parsed(path) or ("",))[0])
+            target = _target(loc, installed, merged)
+            plan.targets.append(target)
+            plan.pieces.append(_tool.Piece(key, target.module, symbol.qualname))
+    for piece, target in zip(plan.pieces, plan.targets, strict=False):
+        if "." not in target.upstream and target.decorator is not None:
+            plan.sources[piece.path], texts = _undecorated(
+                plan.sources[piece.path], target.upstream
+            )
+            plan.decorators[target.upstream] = texts
+    if not plan.targets:
+        left = f" (left out: {'; '.join(plan.left_out)})" if plan.left_out else ""
+        raise NotProven(f"the pull request changes no installed function or method to swap{left}")
+    for loc in helpers:
+        key = f"{loc.symbol.path}@{pr.new.sha[:12]}"
+        plan.sources.setdefault(key, clone.text(pr.new.sha, loc.symbol.path) or "")
+        module = loc.module or module_of(loc.symbol.path)
+        plan.pieces.append(_tool.Piece(key, module, loc.symbol.qualname, carried=True))
+        plan.carried.append(loc.symbol.qualname)
+    return plan
+
+
+def _merge_into(source: str, loc: Located, clone: Clone, pr: PullRequest) -> str:
+    """``source`` (already merged for another symbol) with ``loc``'s hunks merged in."""
+    symbol = loc.symbol
+    base_text = clone.text(pr.base.sha, symbol.old_path or symbol.path) or ""
+    new_text = clone.text(pr.new.sha, symbol.path) or ""
+    units = map_units(source)
+    mine = segment(source, units, symbol.qualname)
+    base = segment(base_text, map_units(base_text), symbol.qualname)
+    new = segment(new_text, map_units(new_text), symbol.qualname)
+    assert mine is not None and base is not None and new is not None
+    scope = units.scope(symbol.qualname)
+    assert scope is not None
+    lines = source.splitlines(keepends=True)
+    merged = merge_symbol(mine, base, new, symbol.shown)
+    return "".join(lines[: scope.first - 1]) + merged + "".join(lines[scope.last :])
+
+
+def _live_expr(module: str, main: str) -> str:
+    return f"{_tool.LIVE_TARGET}()" if module == main else f'{_tool.LIVE_MODULE}("{module}")'
+
+
+def _spell_out_super(text: str, targets: list[CarriedTarget], main: str) -> str:
+    """``super()`` in a vendored method -> ``super(<live class>, <first parameter>)``: the
+    function is not defined in the class body, so it has no ``__class__`` cell."""
+    tree = ast.parse(text)
+    methods = {t.replacement: t for t in targets if "." in t.attribute}
+    edits: list[tuple[int, int, int, str]] = []
+    for func in tree.body:
+        target = methods.get(getattr(func, "name", ""))
+        if not isinstance(func, ast.FunctionDef) or target is None:
+            continue
+        owner = target.attribute.partition(".")[0]
+        first = func.args.posonlyargs + func.args.args
+        for node in ast.walk(func):
+            name = getattr(node, "id", None) or getattr(node, "attr", None) or ""
+            if name == "__class__" or (name.startswith("__") and not name.endswith("__")):
+                raise Refused(
+                    f"{target.attribute} uses {name}, which only works inside its class body"
+                )
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "super"
+                and not node.args
+                and first
+            ):
+                live = f"super({_live_expr(target.module, main)}.{owner}, {first[0].arg})"
+                assert node.end_col_offset is not None
+                edits.append((node.lineno, node.col_offset, node.end_col_offset, live))
+    lines = [line.encode("utf-8") for line in text.splitlines(keepends=True)]
+    for lineno, start, end, new in sorted(edits, reverse=True):
+        line = lines[lineno - 1]
+        lines[lineno - 1] = line[:start] + new.encode("utf-8") + line[end:]
+    result = b"".join(lines).decode("utf-8")
+    ast.parse(result)  # still Python
+    return result
+
+
+def _literal(tree: ast.Module, name: str) -> object:
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == name for t in stmt.targets
+        ):
+            return ast.literal_eval(stmt.value)
+    return None
+
+
+def _bound_by(stmt: ast.stmt) -> set[str]:
+    names: set[str] = set()
+    if isinstance(stmt, ast.Import | ast.ImportFrom):
+        names.update((a.asname or a.name).split(".")[0] for a in stmt.names)
+    elif isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        names.add(stmt.name)
+    else:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return names
+
+
+def _top_level_names(installed: Installed, module: str) -> tuple[set[str], set[str]]:
+    """(every name the installed module may bind at top level, those it always binds):
+    a name bound only in a ``try``/``if`` (an optional kernel) is not always there."""
+    path = next((p for p in installed.files if module_of(p) == module), None)
+    parsed = installed.parsed(path) if path else None
+    if parsed is None:
+        return set(), set()
+    always: set[str] = set()
+    maybe: set[str] = set()
+    for stmt in parsed[1].tree.body:
+        if isinstance(stmt, ast.If | ast.Try | ast.With | ast.For | ast.While):
+            for inner in ast.walk(stmt):
+                if isinstance(inner, ast.stmt) and inner is not stmt:
+                    maybe |= _bound_by(inner)
+        else:
+            always |= _bound_by(stmt)
+    return always | maybe, always
+
+
+def _check_reads(reads: dict[str, tuple[str, ...]], installed: Installed) -> None:
+    """Every name the vendored code looks up live must be on the installed module."""
+    for module, names in reads.items():
+        have, _ = _top_level_names(installed, module)
+        missing = sorted(set(names) - have)
+        if missing:
+            raise NotProven(
+                f"the vendored code reads {', '.join(missing)} from {module}, which "
+                f"{installed.name} {installed.version} does not define: another upstream "
+                "change it depends on is missing"
+            )
+
+
+def _helpers(
+    reads: tuple[str, ...], target: CarriedTarget, installed: Installed
+) -> tuple[str, ...]:
+    """The reads the probe may require of the target's module: those it always binds (one
+    bound only where an optional package imports is read only on that package's path)."""
+    _, always = _top_level_names(installed, target.module)
+    return tuple(name for name in reads if name in always)
+
+
+def _merged_note(text: str, targets: list[CarriedTarget]) -> str:
+    merged = [t.attribute for t in targets if t.merged]
+    if not merged:
+        return text
+    named = "".join(f"#           {name}\n" for name in merged)
+    lines = (
+        "# origin: derived by backports new --from-pr: upstream's code at the pull request's\n"
+        "#         commit, except what follows, which is the installed text with only this\n"
+        "#         pull request's hunks merged in (the installed code had drifted):\n"
+        f"{named}"
+        "#         Module globals are looked up on the live upstream modules.\n"
+    )
+    if _tool.SYNCED_ORIGIN_LINES not in text:
+        return lines + text
+    return text.replace(_tool.SYNCED_ORIGIN_LINES, lines, 1)
+
+
+def vendor(
+    located: list[Located],
+    clone: Clone,
+    pr: PullRequest,
+    installed: Installed,
+    *,
+    repo_url: str,
+    first: str | None = None,
+    conflicts: str = "stop",
+) -> VendoredCode:
+    """The vendored module for every carried symbol; ``NotProven`` or ``Refused`` in one
+    line (a merge conflict shows its hunk below it)."""
+    plan = _plan(located, clone, pr, installed, conflicts)
+    if first is not None:  # the sniffed target leads: its module is the vendored module's
+        order = sorted(range(len(plan.targets)), key=lambda i: plan.targets[i].attribute != first)
+        plan.targets = [plan.targets[i] for i in order]
+        plan.pieces = [plan.pieces[i] for i in order] + plan.pieces[len(order) :]
+    main = plan.targets[0].module
+    names = [t.replacement for t in plan.targets]
+    clashes = sorted({n for n in names if names.count(n) > 1})
+    if clashes:
+        raise Refused(
+            f"two targets are both named {clashes[0]}: one vendored module cannot hold both"
+        )
+    provenance = _tool.Provenance(
+        repo=repo_url,
+        pr=pr.number,
+        sha=pr.new.sha,
+        path=plan.targets[0].located.symbol.path,
+        symbol=", ".join(t.upstream for t in plan.targets),
+        target_module=main,
+    )
+    try:
+        rendered, decorators = _tool.render_pieces(plan.sources, plan.pieces, provenance)
+    except _tool.SyncError as exc:
+        raise NotProven(f"cannot vendor it: {exc}") from exc
+    text = _merged_note(_spell_out_super(rendered.text, plan.targets, main), plan.targets)
+    tree = ast.parse(text)
+    listed = _literal(tree, "__reads__") or ()
+    others = _literal(tree, "__reads_from__") or {}
+    assert isinstance(listed, tuple) and isinstance(others, dict)
+    main_reads = tuple(str(name) for name in listed)
+    reads_from = {str(k): tuple(v) for k, v in others.items()}
+    _check_reads({main: main_reads, **reads_from}, installed)
+    targets = [
+        CarriedTarget(
+            t.located,
+            t.module,
+            t.attribute,
+            t.replacement,
+            t.parameters,
+            t.decorator,
+            t.merged,
+            _helpers(
+                main_reads if t.module == main else reads_from.get(t.module, ()), t, installed
+            ),
+        )
+        for t in plan.targets
+    ]
+    file = re.sub(r"\W", "_", main.rpartition(".")[2]) + ".py"
+    return VendoredCode(
+        text,
+        file,
+        tuple(targets),
+        tuple(plan.carried),
+        {**plan.decorators, **decorators},
+        main_reads,
+        reads_from,
+        rendered.segment,
+        tuple(plan.left_out),
+    )

@@ -1,0 +1,412 @@
+"""A small upstream-like repository for ``backports new --from-pr``, built with gitpython.
+
+Its files start as the *installed* megatron-core 0.19.2's own (read from site-packages when
+a test runs, never stored here); every pull request below is an edit written here, not
+upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has them:
+
+- #101 (merged): ``utils.divide`` raises ValueError for a remainder, with a CPU test
+  (route a); its squash commit also sits, cherry-picked, on ``release`` (a twin);
+- #90 (main only): ``GeLUFunction.backward`` indexes its saved tensors (drift);
+- #102 (merged after #90 and #91, a docs commit): ``GeLUFunction.backward`` clamps its
+  gradients (drifted: carried by a three-way merge), with a class-based test (route b);
+- #103 (merged): rewrites the line #90 changed: its hunk cannot apply to the installed text;
+- #104 (merged): nine new helpers and a class attribute: over the budget;
+- #92 (main only): ``ensure_divisibility`` moved to ``megatron/core/divisibility.py``;
+- #107 (merged): changes it there (installed: moved, identical);
+- #105 (open): changes ``divide`` on a branch never merged;
+- #106 (open): one change of every shape (jit_fuser'd function, autograd.Function forward,
+  constructor, class body, module statement, new helper, Triton kernel, comment) and an
+  added and a changed test;
+- #94 (main only) adds ``_BUFFER_NOTE``; #109 (merged) makes ``GlobalMemoryBuffer``'s
+  constructor read it: the installed module lacks it;
+- #110 (merged): ``LayerWiseDistributedOptimizer.__init__`` (calls ``super()``) sets an
+  attribute;
+- #111 (merged): changes a function in ``megatron/post_training`` (not shipped in
+  megatron-core);
+- #95 (main only) renames ``_kernel_make_viewless_tensor`` and adds ``_buffer_size``;
+  #112 (merged) changes both: one renamed (found by its body), one absent;
+- #113 (merged): the jit_fuser'd ``bias_gelu_back`` calls a new helper (carried along);
+- #114 (merged): ``WrappedTensor.__init__`` reads ``DTensor``, bound only in a ``try``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import git
+
+UTILS = "megatron/core/utils.py"
+GELU = "megatron/core/fusions/fused_bias_gelu.py"
+ROPE = "megatron/core/fusions/fused_mla_yarn_rope_apply.py"
+LAYERWISE = "megatron/core/optimizer/layer_wise_optimizer.py"
+DIVISIBILITY = "megatron/core/divisibility.py"
+POST_TRAINING = "megatron/post_training/notes.py"
+TEST_UTILS = "tests/unit_tests/test_utils.py"
+TEST_GELU = "tests/unit_tests/fusions/test_fused_bias_gelu.py"
+NEWEST = 114
+
+DIVIDE = '''\
+def divide(numerator, denominator):
+    """Ensure that numerator is divisible by the denominator and return
+    the division value."""
+    ensure_divisibility(numerator, denominator)
+    return numerator // denominator
+'''
+DIVIDE_FIXED = '''\
+def divide(numerator, denominator):
+    """Ensure that numerator is divisible by the denominator and return
+    the division value."""
+    if denominator == 0 or numerator % denominator:
+        raise ValueError(f"{numerator} is not divisible by {denominator}")
+    return numerator // denominator
+'''
+TEST_UTILS_TEXT = """\
+from megatron.core.utils import divide
+
+
+def test_divide_whole_numbers():
+    assert divide(6, 3) == 2
+"""
+TEST_UTILS_101 = (
+    TEST_UTILS_TEXT
+    + """
+
+def test_divide_refuses_a_remainder_with_value_error():
+    import pytest
+
+    with pytest.raises(ValueError):
+        divide(7, 2)
+"""
+)
+TEST_GELU_TEXT = """\
+import torch
+
+from megatron.core.fusions.fused_bias_gelu import GeLUFunction
+
+
+class TestGeLUFunction:
+    def test_forward_shape(self):
+        x = torch.ones(2, 3)
+        assert GeLUFunction.apply(x, torch.zeros(3)).shape == x.shape
+"""
+TEST_GELU_102 = (
+    TEST_GELU_TEXT
+    + """
+    def test_backward_clamps_the_gradient(self):
+        x = torch.ones(2, 3, requires_grad=True)
+        GeLUFunction.apply(x, torch.zeros(3)).sum().mul(100).backward()
+        assert torch.equal(x.grad, torch.clamp(x.grad, -1.0, 1.0))
+"""
+)
+POST_TRAINING_TEXT = '''\
+def describe(model):
+    """What this model is, in a word."""
+    return type(model).__name__
+'''
+
+
+def installed_text(path: str) -> str:
+    """The installed megatron-core 0.19.2's file at ``path`` (read, never imported)."""
+    dist = importlib.metadata.distribution("megatron-core")
+    return Path(str(dist.locate_file(path))).read_text(encoding="utf-8")
+
+
+def edit(text: str, old: str, new: str) -> str:
+    assert text.count(old) == 1, f"the fixture's edit no longer applies: {old[:60]!r}"
+    return text.replace(old, new)
+
+
+@dataclass
+class Upstream:
+    path: Path
+    repo: git.Repo
+    commits: dict[str, str] = field(default_factory=dict)  # name -> sha
+
+    def sha(self, name: str) -> str:
+        return self.commits[name]
+
+
+class _Builder:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.repo = git.Repo.init(root, initial_branch="main")
+        self.tick = 0
+        self.files: dict[str, dict[str, str]] = {}  # commit sha -> the tree's texts
+
+    def commit(self, parent: str | None, files: dict[str, str], message: str) -> str:
+        """A commit with exactly ``files`` (path -> text) as its tree."""
+        git_cmd = self.repo.git
+        if parent is not None:
+            git_cmd.checkout("--quiet", "--force", "--detach", parent)
+        for tracked in git_cmd.ls_files().splitlines():
+            if tracked not in files:
+                git_cmd.rm("--quiet", "--cached", tracked)
+                (self.root / tracked).unlink()
+        for path, text in files.items():
+            target = self.root / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+            git_cmd.add(path)
+        self.tick += 1
+        date = f"2026-08-{1 + self.tick // 24:02d}T{self.tick % 24:02d}:00:00+00:00"
+        env = {
+            "GIT_AUTHOR_NAME": "Fixture",
+            "GIT_AUTHOR_EMAIL": "fixture@example.com",
+            "GIT_COMMITTER_NAME": "Fixture",
+            "GIT_COMMITTER_EMAIL": "fixture@example.com",
+            "GIT_AUTHOR_DATE": date,
+            "GIT_COMMITTER_DATE": date,
+        }
+        with git_cmd.custom_environment(**env):
+            if parent is None:
+                git_cmd.commit("--quiet", "--allow-empty", "-m", message)
+            else:
+                git_cmd.commit("--quiet", "--allow-empty", "-m", message)
+        sha = self.repo.head.commit.hexsha
+        self.files[sha] = dict(files)
+        return sha
+
+    def change(self, parent: str, message: str, **edits: dict[str, str]) -> str:
+        files = dict(self.files[parent])
+        for path, text in edits.get("files", {}).items():
+            files[path] = text
+        return self.commit(parent, files, message)
+
+    def ref(self, name: str, sha: str) -> None:
+        self.repo.git.update_ref(name, sha)
+
+
+def _initial() -> dict[str, str]:
+    return {
+        UTILS: installed_text(UTILS),
+        GELU: installed_text(GELU),
+        ROPE: installed_text(ROPE),
+        LAYERWISE: installed_text(LAYERWISE),
+        POST_TRAINING: POST_TRAINING_TEXT,
+        TEST_UTILS: TEST_UTILS_TEXT,
+        TEST_GELU: TEST_GELU_TEXT,
+        "README.md": "# Megatron-LM (a test fixture)\n",
+    }
+
+
+def _pull(b: _Builder, number: int, base: str, message: str, files: dict[str, str]) -> str:
+    """The pull request's head on ``base``, and its squash merge on ``main``'s tip."""
+    head = b.change(base, f"wip: {message}", files=files)
+    b.ref(f"refs/pull/{number}/head", head)
+    return head
+
+
+def _merge(b: _Builder, main: str, number: int, message: str, head: str) -> str:
+    """Squash-merge: main's tip with the files the pull request changed, as its head has
+    them (the branch point is the head's parent)."""
+    branch_point = b.files[b.repo.commit(head).parents[0].hexsha]
+    changed = {path: text for path, text in b.files[head].items() if branch_point.get(path) != text}
+    return b.change(main, f"{message} (#{number})", files=changed)
+
+
+def build(root: Path) -> Upstream:
+    """The repository at ``root`` (created); its commits by name."""
+    b = _Builder(root)
+    c: dict[str, str] = {}
+    c["initial"] = main = b.commit(None, _initial(), "Initial import (#1)")
+    start = b.files[main]
+
+    # #101: divide raises ValueError; merged; a twin on release.
+    c["head101"] = _pull(
+        b, 101, main, "divide raises ValueError",
+        {UTILS: edit(start[UTILS], DIVIDE, DIVIDE_FIXED), TEST_UTILS: TEST_UTILS_101},
+    )  # fmt: skip
+    c["merge101"] = main = _merge(b, main, 101, "Refuse a remainder in divide", c["head101"])
+    side = b.change(c["initial"], "Release notes", files={"README.md": "# release\n"})
+    c["twin101"] = b.change(
+        side, "Refuse a remainder in divide (#101)", files={UTILS: b.files[main][UTILS]}
+    )
+    b.ref("refs/heads/release", c["twin101"])
+
+    # #90: drift inside GeLUFunction.backward (the same values, other code).
+    gelu = b.files[main][GELU]
+    drifted = edit(
+        gelu,
+        "        input, bias = ctx.saved_tensors\n",
+        "        input, bias = ctx.saved_tensors[0], ctx.saved_tensors[1]\n",
+    )
+    c["drift90"] = main = b.change(main, "Index GeLU's saved tensors (#90)", files={GELU: drifted})
+
+    # #102: the gradients clamped (a drifted target); a class-based test.
+    fixed102 = edit(
+        drifted,
+        "        return tmp, tmp\n",
+        "        tmp = tmp.clamp(-1.0, 1.0)\n        return tmp, tmp\n",
+    )
+    c["head102"] = _pull(b, 102, main, "clamp", {GELU: fixed102, TEST_GELU: TEST_GELU_102})
+    # main moves on before the merge: the squash's parent is not the branch point.
+    c["docs91"] = main = b.change(main, "Docs (#91)", files={"README.md": "# Megatron-LM\n"})
+    c["merge102"] = main = _merge(b, main, 102, "Clamp GeLU's gradients", c["head102"])
+
+    # #103: rewrites #90's line again: its hunk cannot apply to the installed text.
+    conflicting = edit(
+        b.files[main][GELU],
+        "        input, bias = ctx.saved_tensors[0], ctx.saved_tensors[1]\n",
+        "        input, bias = tuple(ctx.saved_tensors)\n",
+    )
+    c["head103"] = _pull(b, 103, main, "tuple", {GELU: conflicting})
+    c["merge103"] = main = _merge(b, main, 103, "Unpack GeLU's saved inputs", c["head103"])
+
+    # #104: too big.
+    helpers = "".join(f"\n\ndef _helper_{i}(x):\n    return x + {i}\n" for i in range(9))
+    big_utils = b.files[main][UTILS] + helpers
+    big_gelu = edit(
+        b.files[main][GELU],
+        "class GeLUFunction(torch.autograd.Function):\n",
+        "class GeLUFunction(torch.autograd.Function):\n    note = 'gelu'\n",
+    )
+    c["head104"] = _pull(b, 104, main, "many helpers", {UTILS: big_utils, GELU: big_gelu})
+    c["merge104"] = main = _merge(b, main, 104, "Add helpers", c["head104"])
+
+    # #92: ensure_divisibility moved to its own module; #107 changes it there.
+    utils = b.files[main][UTILS]
+    start_at = utils.index("def ensure_divisibility(")
+    end_at = utils.index("def divide(")
+    moved = utils[start_at:end_at].rstrip() + "\n"
+    c["move92"] = main = b.change(
+        main,
+        "Move ensure_divisibility (#92)",
+        files={
+            UTILS: utils[:start_at]
+            + "from megatron.core.divisibility import ensure_divisibility\n\n\n"
+            + utils[end_at:],
+            DIVISIBILITY: '"""Divisibility checks."""\n\n\n' + moved,
+        },
+    )
+    changed107 = edit(
+        b.files[main][DIVISIBILITY],
+        '"{} is not divisible by {}"',
+        '"{} is not a multiple of {}"',
+    )
+    c["head107"] = _pull(b, 107, main, "reword", {DIVISIBILITY: changed107})
+    c["merge107"] = main = _merge(b, main, 107, "Reword the divisibility message", c["head107"])
+
+    # #105: open, never merged.
+    c["head105"] = _pull(
+        b, 105, main, "divide by one",
+        {UTILS: edit(b.files[main][UTILS], "    return numerator // denominator\n",
+                     "    return int(numerator // denominator)\n")},
+    )  # fmt: skip
+
+    # #106: every shape, open.
+    g = b.files[main][GELU]
+    g = edit(g, "    x = bias + y\n    tanh_out", "    x = y + bias\n    tanh_out")  # jit_fuser'd
+    g = edit(
+        g,
+        "        ctx.save_for_backward(input, bias)\n",
+        "        ctx.save_for_backward(input, bias)  # both\n",
+    )
+    g = edit(
+        g,
+        "bias_gelu_impl = GeLUFunction.apply\n",
+        "bias_gelu_impl = GeLUFunction.apply  # alias\n\n\ndef _gelu_note():\n    return 'tanh'\n",
+    )
+    g = edit(
+        g,
+        "# BIAS GELU FUSION/ NO AUTOGRAD ################\n",
+        "# BIAS GELU FUSION (NO AUTOGRAD)\n",
+    )
+    g = edit(g, "    note = 'gelu'\n", "    note = 'gelu, tanh'\n")  # class body
+    u = b.files[main][UTILS]
+    u = edit(
+        u,
+        "    def __init__(self):\n        self.buffer = {}\n",
+        "    def __init__(self):\n        self.buffer = dict()\n",
+    )
+    r = b.files[main][ROPE]
+    r = edit(
+        r,
+        "    Triton kernel of the forward pass for applying YARN RoPE to MLA's query.\n",
+        "    Triton kernel of the forward pass applying YARN RoPE to MLA's query.\n",
+    )
+    t = b.files[main][TEST_UTILS].replace("assert divide(6, 3) == 2", "assert divide(8, 4) == 2")
+    t += "\n\ndef test_divide_by_one():\n    assert divide(5, 1) == 5\n"
+    c["head106"] = _pull(b, 106, main, "shapes", {GELU: g, UTILS: u, ROPE: r, TEST_UTILS: t})
+
+    # #94 and #109: a constructor reads a module global the installed release lacks.
+    c["note94"] = main = b.change(
+        main, "A note for buffers (#94)",
+        files={UTILS: b.files[main][UTILS] + '\n\n_BUFFER_NOTE = "buffers"\n'},
+    )  # fmt: skip
+    reads = edit(
+        b.files[main][UTILS],
+        "    def __init__(self):\n        self.buffer = {}\n",
+        "    def __init__(self):\n        self.buffer = {}\n        self.note = _BUFFER_NOTE\n",
+    )
+    c["head109"] = _pull(b, 109, main, "note", {UTILS: reads})
+    c["merge109"] = main = _merge(b, main, 109, "Name the note", c["head109"])
+
+    # #110: a constructor that calls super().
+    lw = edit(
+        b.files[main][LAYERWISE],
+        "        super().__init__(optimizers)\n",
+        "        self.derived_by_fixture = True\n        super().__init__(optimizers)\n",
+    )
+    c["head110"] = _pull(b, 110, main, "mark", {LAYERWISE: lw})
+    c["merge110"] = main = _merge(b, main, 110, "Mark the optimizer", c["head110"])
+
+    # #111: outside the installed distribution.
+    pt = edit(b.files[main][POST_TRAINING], "type(model).__name__", "type(model).__qualname__")
+    c["head111"] = _pull(b, 111, main, "qualname", {POST_TRAINING: pt})
+    c["merge111"] = main = _merge(b, main, 111, "Describe by qualname", c["head111"])
+
+    # #95 renames a function and adds one; #112 changes both (renamed; absent).
+    u = b.files[main][UTILS]
+    u = edit(u, "def _kernel_make_viewless_tensor(inp,", "def _make_viewless(inp,")
+    u = u.replace("_kernel_make_viewless_tensor(", "_make_viewless(")
+    u += "\n\ndef _buffer_size(shape):\n    return len(shape)\n"
+    c["rename95"] = main = b.change(main, "Shorter names (#95)", files={UTILS: u})
+    u = edit(
+        b.files[main][UTILS],
+        "    out.data = inp.data\n",
+        "    out.data = inp.data  # shares storage\n    out.requires_grad_(requires_grad)\n",
+    )
+    u = edit(u, "    return len(shape)\n", "    return max(len(shape), 1)\n")
+    c["head112"] = _pull(b, 112, main, "viewless", {UTILS: u})
+    c["merge112"] = main = _merge(b, main, 112, "Viewless tensors keep requires_grad", c["head112"])
+
+    # #113: a jit_fuser'd function calls a new helper.
+    g = edit(
+        b.files[main][GELU],
+        "@jit_fuser\ndef bias_gelu_back(g, bias, y):\n    x = bias + y\n"
+        "    tanh_out = torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))\n",
+        "def _tanh_out(x):\n    return torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))\n\n\n"
+        "@jit_fuser\ndef bias_gelu_back(g, bias, y):\n"
+        "    x = bias + y\n    tanh_out = _tanh_out(x)\n",
+    )
+    c["head113"] = _pull(b, 113, main, "helper", {GELU: g})
+    c["merge113"] = main = _merge(b, main, 113, "A helper for tanh", c["head113"])
+
+    # #114: a constructor reads names its module binds only where an import succeeds.
+    u = edit(
+        b.files[main][UTILS],
+        "    def __init__(self, tensor: torch.Tensor):\n        self._wrapper = [tensor]\n",
+        "    def __init__(self, tensor: torch.Tensor):\n        self._wrapper = [tensor]\n"
+        "        self._distributed = HAVE_DTENSOR and isinstance(tensor, DTensor)\n",
+    )
+    c["head114"] = _pull(b, 114, main, "dtensor", {UTILS: u})
+    c["merge114"] = main = _merge(b, main, 114, "Note distributed tensors", c["head114"])
+
+    b.ref("refs/heads/main", main)
+    b.repo.git.checkout("--quiet", "--force", "main")
+    return Upstream(root, b.repo, c)
+
+
+_BUILT: dict[str, Upstream] = {}
+
+
+def shared(tmp_path_factory: Any) -> Upstream:
+    """One repository per test session (building it takes seconds), under pytest's
+    temporary folder; a test that changes it puts it back."""
+    key = str(tmp_path_factory.getbasetemp())
+    if key not in _BUILT:
+        _BUILT[key] = build(tmp_path_factory.mktemp("from-pr") / "Megatron-LM")
+    return _BUILT[key]

@@ -1,0 +1,95 @@
+"""``--from-pr`` step one: a pull-request number to its head, merge and base commits, on the
+fixture repository (tests/from_pr_fixture.py): merged, open, a twin off main, unknown."""
+
+from pathlib import Path
+
+import pytest
+
+from backports.megatron.authoring.from_pr.clone import Clone, open_clone
+from backports.megatron.authoring.from_pr.errors import BadInput, Refused
+from backports.megatron.authoring.from_pr.resolve import resolve_pull_request
+from tests.from_pr_fixture import NEWEST, Upstream, shared
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
+    return shared(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def clone(upstream: Upstream) -> Clone:
+    return open_clone(str(upstream.path))
+
+
+def test_a_merged_pull_request_has_its_head_merge_and_base(upstream, clone) -> None:
+    pr = resolve_pull_request(clone, 102)
+    assert pr.head.sha == upstream.sha("head102") and pr.head.verified
+    assert pr.merge is not None and pr.merge.sha == upstream.sha("merge102")
+    assert pr.merge.verified, pr.merge.how
+    # A squash merge's base is its parent (#91, after the branch point #90): what main did
+    # meanwhile is in the base, not in the change.
+    assert pr.base.sha == upstream.sha("docs91")
+    assert pr.new == pr.merge
+    assert all(len(c.sha) == 40 for c in (pr.head, pr.merge, pr.base))
+
+
+def test_an_open_pull_request_is_diffed_from_its_merge_base(upstream, clone) -> None:
+    pr = resolve_pull_request(clone, 105)
+    assert pr.merge is None
+    assert pr.head.sha == upstream.sha("head105")
+    assert pr.base.sha == upstream.sha("merge107")  # where its branch left main
+    assert pr.new == pr.head
+
+
+def test_a_twin_off_main_is_discarded(upstream, clone) -> None:
+    """#101's squash commit was cherry-picked onto release with the same subject: the
+    one on main is the merge; the twin is listed as discarded."""
+    pr = resolve_pull_request(clone, 101)
+    assert pr.merge is not None and pr.merge.sha == upstream.sha("merge101")
+    assert pr.twins == (upstream.sha("twin101"),)
+
+
+def test_a_pull_request_newer_than_the_clone_is_refused_in_one_line(clone) -> None:
+    with pytest.raises(Refused) as caught:
+        resolve_pull_request(clone, NEWEST + 1)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"#{NEWEST + 1} is newer than this clone" in message
+    assert f"#{NEWEST}" in message
+
+
+def test_a_number_without_a_pull_ref_is_refused(clone) -> None:
+    with pytest.raises(Refused, match="has no refs/pull/100/head"):
+        resolve_pull_request(clone, 100)
+
+
+@pytest.mark.parametrize("number", [0, -3])
+def test_a_number_that_is_no_pull_request_is_bad_input(clone, number: int) -> None:
+    with pytest.raises(BadInput, match="positive"):
+        resolve_pull_request(clone, number)
+
+
+def test_a_folder_that_is_no_clone_is_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="not a git repository"):
+        open_clone(str(tmp_path))
+
+
+def test_a_merge_that_changes_other_files_than_its_head_is_not_verified(upstream, clone) -> None:
+    """A commit on main that names #N but changes files the head never touched is used,
+    and recorded as not verified."""
+    import git
+
+    repo = git.Repo(upstream.path)
+    repo.git.checkout("--quiet", "--force", "--detach", "main")
+    (upstream.path / "UNRELATED.md").write_text("x\n")
+    repo.git.add("UNRELATED.md")
+    repo.git.commit("--quiet", "-m", "Something else entirely (#105)")
+    sha = repo.head.commit.hexsha
+    repo.git.update_ref("refs/heads/main", sha)
+    try:
+        pr = resolve_pull_request(open_clone(str(upstream.path)), 105)
+        assert pr.merge is not None and pr.merge.sha == sha
+        assert not pr.merge.verified and "NOT the same files" in pr.merge.how
+    finally:
+        repo.git.update_ref("refs/heads/main", upstream.sha("merge114"))
+        repo.git.checkout("--quiet", "--force", "main")
