@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-from backports.megatron.activation.hook_file import HOOK_FILE, START_FILE
 
-from backports.megatron import api, exit_status, plugins, switches, verdict_cache
+from backports.megatron import api, exit_status, switches
 from backports.megatron.catalog import CATALOG
+from backports.megatron.catalog import _plugins as plugins
 from backports.megatron.commands import COMMANDS, load, main_parser
+from backports.megatron.decision import verdict_cache
+from backports.megatron.job.hook_file import HOOK_FILE, START_FILE
 from backports.megatron.sync import cli as sync_cli
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,7 +113,7 @@ for argv in {argvs!r}:
     except SystemExit as exit_:
         code = exit_.code
     loaded = sorted(m for m in sys.modules if m.startswith(("backports.megatron.catalog",
-        "backports.megatron.api", "backports.megatron.plugins", "marking_plugin")))
+        "backports.megatron.api", "marking_plugin")))
     print("RESULT", " ".join(argv), code, loaded, file=sys.stderr)
 """
 

@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from backports.megatron.activation import hook_file
-from backports.megatron.activation.hook_file import HOOK_FILE, START_FILE
 
 import backports.megatron as package
-from backports.megatron import job_start
+from backports.megatron.job import hook_file
+from backports.megatron.job import startup_hook as job_start
+from backports.megatron.job.hook_file import HOOK_FILE, START_FILE
 from tests.conftest import BACKPORT_ID
 
 

@@ -138,7 +138,8 @@ def _declared_body(function: Any, decorator: str) -> Any:
         made = live_decorator(decorator)(_shape_probe)
     except Exception:  # a decorator that cannot be read or applied: not the declared shape
         return None
-    return function.__wrapped__ if getattr(made, "__code__", None) is function.__code__ else None
+    wrapped = getattr(function, "__wrapped__", None)
+    return wrapped if getattr(made, "__code__", None) is function.__code__ else None
 
 
 def _resolved(
