@@ -91,7 +91,7 @@ def test_check_fails_once_the_vendored_file_is_edited(
     assert row.split()[:3] == [BACKPORT_ID, "incompatible", "FAIL"]
     assert "tilelang_dsa.py has sha256" in row  # the probe's reason, so CI says what rotted
     # A handwritten folder (no upstream text to sync): the fix is --rehash, named.
-    assert f"tools/sync_upstream.py --backport {BACKPORT_ID} --rehash" in row
+    assert f"backports sync --backport {BACKPORT_ID} --rehash" in row
     assert summary == f"check: 1 of 1 failed: {BACKPORT_ID}"
 
 

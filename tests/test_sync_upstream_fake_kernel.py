@@ -230,4 +230,4 @@ def test_the_probe_refuses_a_hand_edited_synced_file(
         for name in [n for n in sys.modules if n.startswith("synced_vendor_edited")]:
             del sys.modules[name]
     assert result.verdict is Verdict.INCOMPATIBLE
-    assert "edited without tools/sync_upstream.py" in result.reason
+    assert "edited without backports sync" in result.reason

@@ -1,4 +1,4 @@
-"""backports/megatron/vendored.py and the probe's integrity check: what is loaded is checked.
+"""backports/megatron/vendored/ and the probe's integrity check: what is loaded is checked.
 
 ``UPSTREAM.toml`` names one file (``file``, hashed as ``sha256``), while the loader imports
 the vendored module by name and the package's ``__init__.py`` with it. ``files_sha256``
@@ -115,7 +115,7 @@ def test_an_edit_outside_the_named_file_is_refused(
 
     assert report.verdict is Verdict.INCOMPATIBLE and report.action is not Action.INSTALLED
     assert f"vendored folder {folder} has files_sha256" in report.reason
-    assert "a .py file in it was edited without tools/sync_upstream.py" in report.reason
+    assert "a .py file in it was edited without backports sync" in report.reason
     assert report.evidence["vendored"]["ok"] is False
     assert tilelang_dsa.fused_sparse_mla_absorbed is original
     assert f"{PACKAGE}.megatron_lm_7617.tilelang_dsa" not in sys.modules  # never loaded

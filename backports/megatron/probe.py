@@ -2,6 +2,7 @@
 
 import inspect
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,13 @@ from .git_ancestry import commit_ancestry
 from .model import BackportSpec, SniffResult, Target
 from .report import Verdict
 from .targets import ResolvedTarget, TargetMissing, resolve_target
-from .vendored import Integrity, check_integrity, read_upstream, vendored_module
+from .vendored import (
+    Integrity,
+    check_integrity,
+    drift_reason,
+    read_upstream,
+    vendored_module,
+)
 from .vendored_sniff import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, folder_name, sniff_replacement
 from .versions import describe, installed_version, release_predates
 
@@ -48,12 +55,12 @@ def _version_claim(spec: BackportSpec, evidence: dict[str, Any]) -> bool | None:
     return installed >= spec.fixed_in
 
 
-def _provenance_evidence(upstream: dict[str, Any], integrity: Integrity) -> dict[str, Any]:
+def _provenance_evidence(upstream: Mapping[str, Any], integrity: Integrity) -> dict[str, Any]:
     """What ``UPSTREAM.toml`` says of the fix and whether the vendored files match it."""
     provenance = {
         key: upstream.get(key) for key in ("repo", "pr", "head_sha", "merge_sha", "origin")
     }
-    # Module globals the vendored code reads at call time, as tools/sync_upstream.py found.
+    # Module globals the vendored code reads at call time, as backports sync found.
     provenance["reads"] = [str(name) for name in upstream.get("reads", [])]
     vendored = {
         "file": integrity.file,
@@ -84,7 +91,7 @@ def probe_without_import(spec: BackportSpec) -> ProbeResult:
     others = _other_distributions(spec)
     if others:
         evidence["distributions"] = others
-    drift = _drift(integrity, _drift_fix(spec.id, str(upstream.get("origin") or "")))
+    drift = drift_reason(integrity, spec.id, upstream["origin"])
     if drift is not None:
         return ProbeResult(Verdict.INCOMPATIBLE, drift, evidence)
     if installed.version is None:
@@ -113,44 +120,6 @@ def _other_distributions(spec: BackportSpec) -> dict[str, dict[str, str | None]]
             info = installed_version(target.distribution, target.modules)
             others[target.distribution] = info.to_dict()
     return others
-
-
-def _drift_fix(backport_id: str, origin: str) -> str:
-    """What puts a drifted folder right: a handwritten one's new hashes are recorded with
-    ``--rehash`` (there is no upstream text to sync); synced code is synced again."""
-    if origin == "handwritten":
-        return (
-            f"if the edit is meant, record its hashes: tools/sync_upstream.py --backport "
-            f"{backport_id} --rehash (with --vendor-dir DIR for a plugin's folder)"
-        )
-    return f"re-sync it (tools/sync_upstream.py --backport {backport_id}) or undo the edit"
-
-
-def _drift(integrity: Integrity, fix: str) -> str | None:
-    """Why the vendored code is not what UPSTREAM.toml describes, or None; ``fix`` says
-    what puts it right.
-
-    The named file first, then every .py of the folder: the loader imports the module by
-    name, which need not be the file UPSTREAM.toml names.
-    """
-    if not integrity.file_ok:
-        return (
-            f"vendored {integrity.file} has sha256 {integrity.actual[:12]}, UPSTREAM.toml says "
-            f"{integrity.expected[:12]}: it was edited without tools/sync_upstream.py; {fix}"
-        )
-    if not integrity.files_expected:
-        return (
-            f"vendored folder {integrity.folder}: UPSTREAM.toml has no files_sha256, so its "
-            ".py files cannot be checked; re-sync it, or refresh a handwritten one with "
-            "tools/sync_upstream.py --rehash"
-        )
-    if not integrity.files_ok:
-        return (
-            f"vendored folder {integrity.folder} has files_sha256 {integrity.files_actual[:12]}, "
-            f"UPSTREAM.toml says {integrity.files_expected[:12]}: a .py file in it was edited "
-            f"without tools/sync_upstream.py; {fix}"
-        )
-    return None
 
 
 def _check_shape(target: Target, resolved: ResolvedTarget, reads: list[str]) -> str | None:
