@@ -497,6 +497,30 @@ def test_dry_run_runs_nothing_it_fetched(
     assert marker.exists()
 
 
+@pytest.mark.parametrize(
+    "report, says",
+    [
+        ({"fixed": True, "summary": "fixed", "sha256": "0" * 64}, "not the staged one"),
+        ({"summary": "the sniff did not finish in 300 s"}, "not sniffed: the sniff did not"),
+    ],
+    ids=["other-bytes", "no-verdict"],
+)
+def test_only_the_bytes_the_sniff_proved_are_written(
+    tool: Tool,
+    upstream: Upstream,
+    vendor: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    report: dict[str, Any],
+    says: str,
+) -> None:
+    """A child that proved other bytes than the staged file, or gave no verdict: refused."""
+    monkeypatch.setattr(sync_verify, "_sniff_in_child", lambda backport_id, path: report)
+    before = snapshot(vendor)
+    run = sync_pr_head(tool, upstream)
+    assert run.code == 1 and says in run.err and "nothing written" in run.err, run.err
+    assert snapshot(vendor) == before
+
+
 def test_a_second_sync_changes_nothing(tool: Tool, upstream: Upstream, vendor: Path) -> None:
     assert sync_pr_head(tool, upstream).code == 0
     first = snapshot(vendor)
