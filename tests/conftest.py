@@ -187,3 +187,84 @@ def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untype
     write(f"not run: {len(_DESELECTED_SLOW)} slow tests (tools/run-tests --all runs them):")
     for path, names in by_file.items():
         write(f"  {path} ({len(names)}): {', '.join(names)}")
+
+
+# ---- the user's real cache is never written (issue 36, item 2) ------------------------------
+# Self-contained. For the whole session XDG_CACHE_HOME points at a temporary folder, so the
+# sync's cache clones and the verdict cache's fallback land there (child processes inherit
+# it, and a test's `monkeypatch.undo()` returns to it, never to the home); an audit hook
+# records every write this process makes under the real cache folders as they were before
+# the session (the home's and the original $XDG_CACHE_HOME's megatron-backports/), and the
+# session fails if there is one.
+
+_CACHE_WRITES: list[str] = []
+_WRITE_EVENTS = frozenset(
+    {"open", "os.mkdir", "os.rename", "os.replace", "os.remove", "os.rmdir", "os.symlink",
+     "os.link", "os.truncate", "os.chmod", "os.utime", "shutil.rmtree", "subprocess.Popen"}
+)  # fmt: skip
+
+
+def _real_cache_roots() -> tuple[str, ...]:
+    import os
+
+    roots = [os.path.join(os.path.expanduser("~"), ".cache")]
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):
+        roots.append(xdg)
+    return tuple(os.path.join(os.path.realpath(r), "megatron-backports") for r in roots)
+
+
+def _written_paths(event: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The paths an audited event writes (or runs a command in); () for a read."""
+    import os
+
+    if event == "open":
+        path, mode, flags = args
+        writing = (
+            any(c in mode for c in "wax+")
+            if isinstance(mode, str)
+            else bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC))
+        )
+        return (path,) if writing else ()
+    if event == "subprocess.Popen":
+        return (args[2],)  # its working directory: git runs inside a cache clone
+    return (
+        tuple(args[:2])
+        if event in {"os.rename", "os.replace", "os.symlink", "os.link"}
+        else (args[0],)
+    )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _real_cache_untouched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    import os
+    import sys
+
+    roots = _real_cache_roots()
+
+    def audit(event: str, args: tuple[Any, ...]) -> None:
+        if event not in _WRITE_EVENTS:
+            return
+        try:
+            for path in _written_paths(event, args):
+                if path is None or isinstance(path, int):
+                    continue
+                text = os.path.abspath(os.fsdecode(path))
+                if any(text == root or text.startswith(root + os.sep) for root in roots):
+                    _CACHE_WRITES.append(f"{event} {text}")
+        except Exception:  # an audit hook must never break what it watches
+            pass
+
+    sys.addaudithook(audit)
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("XDG_CACHE_HOME", None)
+        else:
+            os.environ["XDG_CACHE_HOME"] = saved
+    if _CACHE_WRITES:
+        shown = "; ".join(dict.fromkeys(_CACHE_WRITES))
+        pytest.fail(f"tests wrote to the user's real cache: {shown}", pytrace=False)

@@ -32,7 +32,7 @@ from backports.megatron.job import deferred
 from backports.megatron.kinds.install import installed
 from backports.megatron.model import WITH_LOCAL_CHANGES
 from backports.megatron.scaffold import read_target
-from backports.megatron.upstream_schema import manifest_problems
+from backports.megatron.vendored.manifest import manifest_problems
 from tests.test_plugin_install import OBSERVE
 from tests.test_vendored import documented_digest
 
@@ -185,7 +185,7 @@ def test_new_refuses_a_target_it_cannot_read(
     ("extra", "says"),
     [
         (["--sha", "xyz"], "--sha"),
-        (["--sha", "abcd123"], "--sha must be the full commit SHA"),  # a short one: ambiguous
+        (["--sha", "abc"], "--sha must be 4 to 40 hex digits"),  # sync's rule (SHA_RULE)
         (["--package", "not-a-name"], "--package"),
         (["--package", 'x"\nimport os'], "--package"),
         (["--package", "x{id}"], "--package"),
@@ -334,3 +334,68 @@ def test_an_unfinished_scaffold_fails_check_and_is_never_installed(
     deferred.on_target_import(utils)
     assert installed(UNFINISHED) is None
     assert utils.divide is original
+
+
+# ---- one SHA rule for `new` and `sync` (issue 36, item 5) -----------------------------------
+
+
+@pytest.fixture
+def upstream_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str]:
+    """A repository (written here) whose pull request 9999's head is the returned commit;
+    the sync's cache clone under a temporary XDG_CACHE_HOME."""
+    import git
+
+    from tests.test_sync_upstream import commit_files
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    repo = git.Repo.init(tmp_path / "upstream")
+    base = commit_files(repo, {"megatron/core/utils.py": "X = 1\n"}, "base", None)
+    head = commit_files(repo, {"megatron/core/utils.py": "X = 2\n"}, "fix", base)
+    git.Reference.create(repo, "refs/pull/9999/head", head)
+    return tmp_path / "upstream", head
+
+
+@pytest.mark.parametrize("prefix", [7, 12, 40], ids=lambda n: f"{n}-digits")
+def test_new_writes_a_unique_short_sha_out_in_full_as_sync_does(
+    tmp_path: Path, upstream_repo: tuple[Path, str], prefix: int
+) -> None:
+    repo, head = upstream_repo
+    args = ["new", "--id", "acme-9999", "--pr", "9999", "--repo", str(repo)]
+    dest = tmp_path / "p"
+    sha = head[:prefix].upper()  # any case, as sync takes it
+    assert cli.main([*args, "--target", DIVIDE, "--sha", sha, "--dest", str(dest)]) == 0
+    toml = dest / "acme_9999_backport" / "vendor" / "acme_9999" / "UPSTREAM.toml"
+    assert tomllib.loads(toml.read_text())["head_sha"] == head
+
+
+def test_new_refuses_a_short_sha_that_names_no_commit_of_the_pull_request(
+    tmp_path: Path, upstream_repo: tuple[Path, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo, head = upstream_repo
+    missing = "0000000" if not head.startswith("0000000") else "1111111"
+    args = ["new", "--id", "acme-9999", "--pr", "9999", "--repo", str(repo), "--sha", missing]
+    assert cli.main([*args, "--target", DIVIDE, "--dest", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert f"no commit {missing} on refs/pull/9999/head of {repo}" in err and err.count("\n") == 1
+    assert not (tmp_path / "p").exists()
+
+
+def _first_new_block() -> list[str]:
+    """The plugin guide's first ``backports new`` command, its lines joined as a shell does."""
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "adding-a-backport.md").read_text()
+    block = guide.split("```bash\n", 1)[1].split("```", 1)[0]
+    import shlex
+
+    argv = shlex.split(block.replace("\\\n", " "))
+    assert argv[:2] == ["backports", "new"], block
+    return argv[1:]
+
+
+def test_the_plugin_guides_first_block_runs_verbatim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As a reader pastes it: in an empty folder, no network, exit 0 (issue 36, item 3)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert cli.main(_first_new_block()) == 0, capsys.readouterr().err
+    assert (tmp_path / "acme-9999-backport" / "pyproject.toml").is_file()

@@ -26,6 +26,19 @@ def test_backports_sync_reports_an_error_in_one_line_with_exit_2(capsys) -> None
     assert "\n" not in err
 
 
+def test_ctrl_c_in_backports_sync_exits_130_in_one_line(capsys, monkeypatch) -> None:
+    """The shell's convention, as every command: one line, nothing written (issue 36.5)."""
+    from backports.megatron.sync import commands
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands, "check", interrupted)
+    assert cli.main(["sync", "--check"]) == 130
+    err = capsys.readouterr().err
+    assert err == "backports sync: error: interrupted; nothing written\n"
+
+
 def test_every_sync_error_is_a_backport_error() -> None:
     for name in sync_errors.__all__:
         assert issubclass(getattr(sync_errors, name), BackportError), name

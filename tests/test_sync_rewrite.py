@@ -1,4 +1,5 @@
-"""backports/megatron/sync/rewrite.py: which names become live look-ups, nothing else.
+"""backports/megatron/sync/scopes.py and render.py: which names become live look-ups, nothing
+else, and the text of the one file they make.
 
 Python's own ``symtable`` is the oracle for scoping: a name is rewritten exactly when the
 compiler would read it from the module's globals and the module (not builtins, not an
@@ -12,13 +13,8 @@ import symtable
 
 import pytest
 
-from backports.megatron.sync.rewrite import (
-    Provenance,
-    RewriteError,
-    SourceError,
-    Vendored,
-    render_vendored,
-)
+from backports.megatron.sync.errors import RewriteError, SourceError
+from backports.megatron.sync.render import Piece, Provenance, Vendored, render
 
 MODULE = """\
 import functools
@@ -46,7 +42,12 @@ _LIVE_HEAD = "def _live_target():\n    return sys.modules[__target_module__]\n\n
 
 def vendor(function: str, module: str = MODULE, symbol: str = "f") -> Vendored:
     provenance = Provenance("https://example.com/up.git", 1, "ab" * 20, "m.py", symbol, "m")
-    return render_vendored(module + function + _TAIL, symbol, provenance)
+    return one_piece(module + function + _TAIL, symbol, provenance)
+
+
+def one_piece(source: str, symbol: str, provenance: Provenance) -> Vendored:
+    """A backport of one function: a one-piece file."""
+    return render({"m.py": source}, [Piece("m.py", "m", symbol)], provenance)
 
 
 def function_text(vendored: Vendored) -> str:
@@ -254,24 +255,24 @@ def test_the_vendored_file_is_written_out_line_for_line() -> None:
         "# sha:    " + "ab" * 20,
         "# path:   m.py",
         "# symbol: f",
-        "# origin: synced by tools/sync_upstream.py: upstream's function as it is, except that",
-        "#         the module globals it reads are looked up on the live target module.",
+        "# origin: synced by backports sync: upstream's code as it is, except that the module",
+        "#         globals it reads are looked up on the live upstream modules.",
         "# Upstream code is not held to this repository's lint rules:",
         "# ruff: noqa",
-        '"""Upstream ``f`` at abababababab, synced by tools/sync_upstream.py.',
+        '"""Upstream ``f`` at abababababab, synced by backports sync.',
         "",
-        "Do not edit by hand: ``python tools/sync_upstream.py --check`` fails on any change.",
-        "The names in ``__reads__`` are read from the live target module at call time, so a",
-        "kernel or helper replaced there is seen here; the target module must have each one.",
+        "Do not edit by hand: ``backports sync --check`` fails on any change. The names in",
+        "``__reads__`` are read from the live target module at call time (those in",
+        "``__reads_from__`` from the other modules named there).",
         '"""',
         "",
         "import sys",
         "",
-        "# The module whose globals the function reads. The applier rebinds it to the module",
-        "# that really defines the function.",
+        "# The module whose globals the code reads. The applier rebinds it to the module",
+        "# that really defines the first target.",
         '__target_module__ = "m"',
         "",
-        "# Module globals of the target that the function reads at call time.",
+        "# Module globals of the target that the code reads at call time.",
         "__reads__ = (",
         '    "K",',
         ")",
@@ -294,7 +295,7 @@ def test_the_header_says_only_what_the_entrys_manifest_records():
     provenance = Provenance(
         "https://example.com/up.git", 1, "ab" * 20, "m.py", "f", "m", moved_path="new/m.py"
     )
-    moved = render_vendored(MODULE + "def f():\n    return K\n" + _TAIL, "f", provenance)
+    moved = one_piece(MODULE + "def f():\n    return K\n" + _TAIL, "f", provenance)
     assert "(upstream plans to move it to new/m.py)" in moved.text
 
 
@@ -322,24 +323,27 @@ def test_a_target_module_that_is_no_python_name_is_refused() -> None:
         Provenance("https://example.com/up.git", 1, "ab" * 20, "m.py", "f", 'm"\nimport os')
 
 
-def test_the_header_of_several_pieces_is_written_out_line_for_line() -> None:
-    """The multi-piece assembly words its origin and docstring its own way (it serves
-    several upstream files); those lines, written out here by hand, may not drift."""
-    from backports.megatron.sync.assemble import Piece, render_pieces
-
+def test_one_piece_and_several_pieces_open_with_the_same_words() -> None:
+    """One header wording, whatever the shape: those lines, written out here by hand, may
+    not drift (a one-function file is a one-piece file)."""
     provenance = Provenance("https://example.com/up.git", 1, "ab" * 20, "m.py", "f", "m")
     sources = {"m.py": MODULE + "def f():\n    return K\n", "n.py": "def g():\n    return 2\n"}
     pieces = [Piece("m.py", "m", "f"), Piece("n.py", "n", "g")]
-    vendored, _ = render_pieces(sources, pieces, provenance)
-    assert vendored.text.splitlines()[6:16] == [
-        "# origin: synced by backports sync: upstream's code as it is, except that the module",
-        "#         globals it reads are looked up on the live upstream modules.",
-        "# Upstream code is not held to this repository's lint rules:",
-        "# ruff: noqa",
-        '"""Upstream ``f`` at abababababab, synced by backports sync.',
-        "",
-        "Do not edit by hand: ``backports sync --check`` fails on any change. The names in",
-        "``__reads__`` are read from the live target module at call time (those in",
-        "``__reads_from__`` from the other modules named there).",
-        '"""',
-    ]
+    several = render(sources, pieces, provenance).text.splitlines()[6:16]
+    one = render(sources, pieces[:1], provenance).text.splitlines()[6:16]
+    assert (
+        one
+        == several
+        == [
+            "# origin: synced by backports sync: upstream's code as it is, except that the module",
+            "#         globals it reads are looked up on the live upstream modules.",
+            "# Upstream code is not held to this repository's lint rules:",
+            "# ruff: noqa",
+            '"""Upstream ``f`` at abababababab, synced by backports sync.',
+            "",
+            "Do not edit by hand: ``backports sync --check`` fails on any change. The names in",
+            "``__reads__`` are read from the live target module at call time (those in",
+            "``__reads_from__`` from the other modules named there).",
+            '"""',
+        ]
+    )

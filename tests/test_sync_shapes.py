@@ -21,9 +21,13 @@ import git
 import pytest
 
 from backports.megatron.sync import cli
-from backports.megatron.sync.assemble import Piece, render_pieces
-from backports.megatron.sync.rewrite import Provenance
-from tests.test_sync_upstream import cache_home, commit_files, snapshot  # noqa: F401
+from backports.megatron.sync.render import Piece, Provenance, render
+from tests.test_sync_upstream import (  # autouse: clones off $HOME, the sniff in-process
+    cache_home,  # noqa: F401
+    commit_files,
+    snapshot,
+    sniff_in_process,  # noqa: F401
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 ID = "megatron-lm-6114"
@@ -196,7 +200,8 @@ def test_several_symbols_from_several_files_with_their_module_state() -> None:
         "checkpointed_forward, DSAttention._get_index_share_carrier",
         "megatron.core.recompute",
     )
-    vendored, decorators = render_pieces(sources, pieces, provenance)
+    vendored = render(sources, pieces, provenance)
+    decorators = vendored.decorators
     text = vendored.text
     assert decorators == {}
     # The carried state is the vendored module's own; the recompute module's globals are

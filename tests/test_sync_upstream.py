@@ -1,4 +1,5 @@
-"""tools/sync_upstream.py against upstream repositories each test builds with gitpython.
+"""tools/sync_upstream.py (``backports sync``) against upstream repositories each test builds
+with gitpython.
 
 Every upstream here is written by the test, not copied from Megatron-LM: a base commit with
 an unfixed ``tilelang_dsa.py``, the pull request's head commit with the fix (reachable only
@@ -42,6 +43,7 @@ import sync_upstream  # noqa: E402  (the thin wrapper users call)
 from backports.megatron.catalog import CATALOG, MEGATRON_LM_7617  # noqa: E402
 from backports.megatron.sync import commands as sync_commands  # noqa: E402
 from backports.megatron.sync import fetch as sync_fetch  # noqa: E402
+from backports.megatron.sync import verify as sync_verify  # noqa: E402
 
 # --check reads every vendored folder: the catalog's and those of entries left out for now.
 FOLDERS = len(CATALOG)
@@ -293,10 +295,21 @@ class Run:
 
 @pytest.fixture(autouse=True)
 def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The cache clone goes under a temporary XDG_CACHE_HOME; the real home is never used."""
+    """The cache clone goes under a temporary XDG_CACHE_HOME; the real home is never used.
+    (A test that patches more keeps those patches in its own ``MonkeyPatch.context()``:
+    ``monkeypatch.undo()`` would undo this one too.)"""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     return tmp_path / "cache"
+
+
+@pytest.fixture(autouse=True)
+def sniff_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sniff a sync runs in a child interpreter (``verify.sniff_file``: ~5 s there, to
+    import torch and megatron) runs in this process instead; the parent's side (what the
+    result proves, the sha256 of the bytes sniffed) is the real one. The child itself is
+    tests/test_sync_child.py's (slow)."""
+    monkeypatch.setattr(sync_verify, "_sniff_in_child", sync_verify.sniff_file)
 
 
 @pytest.fixture
@@ -396,7 +409,7 @@ def test_header_names_repo_pr_sha_path_and_symbol(tool: Tool, upstream: Upstream
         f"# sha:    {upstream.pr_head}",
         f"# path:   {OLD_PATH}",
         "# symbol: fused_sparse_mla_absorbed",
-        "# origin: synced by tools/sync_upstream.py: upstream's function as it is, except that",
+        "# origin: synced by backports sync: upstream's code as it is, except that the module",
     ]
 
 
@@ -427,7 +440,7 @@ def test_the_diff_is_printed(tool: Tool, upstream: Upstream) -> None:
     assert "--- a/vendor/megatron_lm_7617/tilelang_dsa.py\n" in run.out
     assert "+++ b/vendor/megatron_lm_7617/tilelang_dsa.py\n" in run.out
     assert "-# origin: handwritten in this repository" in run.out
-    assert "+# origin: synced by tools/sync_upstream.py" in run.out
+    assert "+# origin: synced by backports sync" in run.out
     assert '\n-origin = "handwritten"\n' in run.out and '\n+origin = "synced"\n' in run.out
     assert f"reads from the target module: {', '.join(READS)}" in run.out
 
@@ -449,6 +462,65 @@ def test_dry_run_prints_the_diff_and_writes_nothing(
     assert run.code == 0
     assert "+++ b/vendor/megatron_lm_7617/tilelang_dsa.py" in run.out
     assert "dry run; nothing written" in run.out
+    assert snapshot(vendor) == before
+
+
+# The pull request's function from a fork that runs code when its file is imported: a
+# default computed by builtins alone, which a vendored copy keeps (nothing else of the
+# upstream module is vendored). It records who ran it: pid, working directory, -I.
+PAYLOAD_DEFAULT = (
+    '    _ran=open(r"{marker}", "w").write(repr((__import__("os").getpid(), '
+    '__import__("os").getcwd(), __import__("sys").flags.isolated))),\n'
+)
+
+
+def fork_head(upstream: Upstream, marker: Path) -> str:
+    """A commit whose fixed function, once its vendored file is imported, writes ``marker``."""
+    payload = PAYLOAD_DEFAULT.format(marker=marker)
+    function = FIXED_FUNCTION.replace("    v_channels: int,\n", "    v_channels: int,\n" + payload)
+    return upstream.commit({NEW_PATH: module_with(function)}, "A fork's head")
+
+
+def test_dry_run_runs_nothing_it_fetched(
+    tool: Tool, upstream: Upstream, vendor: Path, tmp_path: Path
+) -> None:
+    """The reviewer's step: the diff, and no line of the fetched code run (issue 33, item 4)."""
+    marker = tmp_path / "fetched-code-ran"
+    sha = fork_head(upstream, marker)
+    before = snapshot(vendor)
+    run = tool("--backport", BACKPORT, "--sha", sha, "--repo", str(upstream.path), "--dry-run")
+    assert run.code == 0, run.err
+    assert not marker.exists()
+    assert "_ran=open(" in run.out  # the diff shows what would run
+    assert f"note: {BACKPORT}: not sniffed: dry run" in run.out
+    assert snapshot(vendor) == before
+    # The same commit synced for real is sniffed, so its code does run (here in-process;
+    # tests/test_sync_child.py runs the real child).
+    assert tool("--backport", BACKPORT, "--sha", sha, "--repo", str(upstream.path)).code == 0
+    assert marker.exists()
+
+
+@pytest.mark.parametrize(
+    "report, says",
+    [
+        ({"fixed": True, "summary": "fixed", "sha256": "0" * 64}, "not the staged one"),
+        ({"summary": "the sniff did not finish in 300 s"}, "not sniffed: the sniff did not"),
+    ],
+    ids=["other-bytes", "no-verdict"],
+)
+def test_only_the_bytes_the_sniff_proved_are_written(
+    tool: Tool,
+    upstream: Upstream,
+    vendor: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    report: dict[str, Any],
+    says: str,
+) -> None:
+    """A child that proved other bytes than the staged file, or gave no verdict: refused."""
+    monkeypatch.setattr(sync_verify, "_sniff_in_child", lambda backport_id, path: report)
+    before = snapshot(vendor)
+    run = sync_pr_head(tool, upstream)
+    assert run.code == 1 and says in run.err and "nothing written" in run.err, run.err
     assert snapshot(vendor) == before
 
 
@@ -653,7 +725,9 @@ def test_check_passes_on_a_clean_sync_and_names_a_hand_edit(
     path.write_text(path.read_text().replace("return None  # no TileLang", "return None  #"))
     edited = tool("--check")
     assert edited.code == 1
-    assert "drifted: vendor/megatron_lm_7617/tilelang_dsa.py" in edited.out
+    assert "drifted: vendored " in edited.out
+    assert "vendor/megatron_lm_7617/tilelang_dsa.py has sha256 " in edited.out
+    assert f"backports sync --backport {BACKPORT} --sha SHA" in edited.out  # synced: re-sync
 
 
 @pytest.mark.parametrize("name", ["__init__.py", "extra.py"])
@@ -664,8 +738,10 @@ def test_check_covers_every_py_file_of_the_folder(tool: Tool, vendor: Path, name
     path.write_text((path.read_text() if path.exists() else "") + "# edited\n")
     run = tool("--check")
     assert run.code == 1
-    assert "drifted: vendor/megatron_lm_7617/*.py (files_sha256 " in run.out
-    assert "drifted: vendor/megatron_lm_7617/tilelang_dsa.py" not in run.out
+    assert "drifted: vendored folder " in run.out
+    assert "vendor/megatron_lm_7617 has files_sha256 " in run.out
+    assert "tilelang_dsa.py has sha256" not in run.out
+    assert f"backports sync --backport {BACKPORT} --rehash" in run.out  # handwritten
 
 
 def test_check_refuses_a_file_key_pointed_at_another_file(tool: Tool, vendor: Path) -> None:
@@ -677,7 +753,7 @@ def test_check_refuses_a_file_key_pointed_at_another_file(tool: Tool, vendor: Pa
     path.write_text(text.replace(manifest(vendor)["sha256"], init_hash))
     (folder / "tilelang_dsa.py").write_text(vendored_text(vendor) + "# edited\n")
     run = tool("--check")
-    assert run.code == 1 and "drifted: vendor/megatron_lm_7617/*.py" in run.out
+    assert run.code == 1 and "vendor/megatron_lm_7617 has files_sha256 " in run.out
 
 
 def test_check_names_a_manifest_without_files_sha256(tool: Tool, vendor: Path) -> None:
@@ -691,7 +767,8 @@ def test_check_names_a_manifest_without_files_sha256(tool: Tool, vendor: Path) -
 def test_check_names_a_missing_vendored_file(tool: Tool, vendor: Path) -> None:
     (vendor / "megatron_lm_7617" / "tilelang_dsa.py").unlink()
     run = tool("--check", "--backport", BACKPORT)
-    assert run.code == 1 and "drifted: vendor/megatron_lm_7617/tilelang_dsa.py" in run.out
+    says = "vendor/megatron_lm_7617/tilelang_dsa.py cannot be read (No such file or directory)"
+    assert run.code == 1 and says in run.out
 
 
 def test_check_on_this_repository_as_ci_runs_it() -> None:
@@ -768,10 +845,10 @@ def test_rehash_refuses_synced_code(tool: Tool, upstream: Upstream, vendor: Path
 # --- errors: a clear message, status 2, nothing written -----------------------------------
 
 
-def expect_error(tool: Tool, vendor: Path, *args: str, says: str) -> Run:
+def expect_error(tool: Tool, vendor: Path, *args: str, says: str, code: int = 2) -> Run:
     before = snapshot(vendor)
     run = tool(*args)
-    assert run.code == 2, (run.out, run.err)
+    assert run.code == code, (run.out, run.err)
     assert says in run.err, run.err
     assert snapshot(vendor) == before
     return run
@@ -915,9 +992,8 @@ def test_an_interrupted_fetch_leaves_no_empty_clone(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(sync_fetch, "_git_fetch", interrupted)
-    run = expect_error(
-        tool, vendor, *sync_args(upstream), says="sync_upstream.py: error: interrupted"
-    )
+    says = "sync_upstream.py: error: interrupted"
+    run = expect_error(tool, vendor, *sync_args(upstream), says=says, code=130)
     assert run.err.count("\n") == 1 and "nothing written" in run.err
     assert clones(cache_home) == []
 
@@ -1028,7 +1104,7 @@ def test_any_other_error_is_one_line_with_status_2(
     def fail(*args: Any) -> None:
         raise error
 
-    monkeypatch.setattr(sync_commands, "render_vendored", fail)
+    monkeypatch.setattr(sync_commands, "render", fail)
     run = expect_error(tool, vendor, *sync_args(upstream), says=says)
     assert run.err == f"sync_upstream.py: error: {says}\n"
 
@@ -1094,17 +1170,17 @@ def test_an_interrupted_sync_leaves_the_old_pair(
 ) -> None:
     before = visible(vendor)
     fail = FailAt(vendor, step, error)
-    monkeypatch.setattr(os, "rename", fail.rename)
-    monkeypatch.setattr(sync_commands, "write_file", fail.write_file)
-    run = tool(*sync_args(upstream))
+    with pytest.MonkeyPatch.context() as failing:  # undone alone: the cache stays redirected
+        failing.setattr(os, "rename", fail.rename)
+        failing.setattr(sync_commands, "write_file", fail.write_file)
+        run = tool(*sync_args(upstream))
     assert fail.seen > step  # it really failed at that step
-    assert run.code == 2 and run.err.count("\n") == 1, run.err
+    ctrl_c = isinstance(error, KeyboardInterrupt)
+    assert run.code == (130 if ctrl_c else 2) and run.err.count("\n") == 1, run.err
     assert run.err.startswith("sync_upstream.py: error: ")
     assert "Traceback" not in run.err
-    word = "interrupted" if isinstance(error, KeyboardInterrupt) else "No space left"
-    assert word in run.err
+    assert ("interrupted" if ctrl_c else "No space left") in run.err
     assert visible(vendor) == before and hidden(vendor) == []
-    monkeypatch.undo()
     assert tool(*sync_args(upstream)).code == 0
     assert visible(vendor) == synced_elsewhere
 
@@ -1127,9 +1203,9 @@ def test_a_swap_that_cannot_put_the_old_folder_back_is_repaired_by_the_next_run(
             raise OSError(5, "Input/output error")
         real(src, dst)
 
-    monkeypatch.setattr(os, "rename", rename)
-    run = tool(*sync_args(upstream))
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as failing:  # undone alone: the cache stays redirected
+        failing.setattr(os, "rename", rename)
+        run = tool(*sync_args(upstream))
     assert run.code == 2 and run.err.count("\n") == 1, run.err
     aside = vendor / ".megatron_lm_7617.sync-old"
     assert f"it is {aside}; the next run puts it back" in run.err
@@ -1171,8 +1247,9 @@ def test_ctrl_c_during_the_swap_is_held_until_both_files_are_in(
         real(src, dst)
 
     monkeypatch.setattr(os, "rename", rename)
+    handler = signal.getsignal(signal.SIGINT)  # SIG_IGN under nohup or `cmd &`
     run = tool(*sync_args(upstream))
-    assert run.code == 2 and run.err.count("\n") == 1, run.err
+    assert run.code == 130 and run.err.count("\n") == 1, run.err
     assert "interrupted after the swap: wrote tilelang_dsa.py and UPSTREAM.toml" in run.err
     assert visible(vendor) == synced_elsewhere and hidden(vendor) == []
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert signal.getsignal(signal.SIGINT) is handler  # restored

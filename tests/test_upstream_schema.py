@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from backports.megatron.catalog import CATALOG
-from backports.megatron.upstream_schema import manifest_problems, symbols
+from backports.megatron.vendored.manifest import manifest_problems, symbols
 
 ROOT = Path(__file__).resolve().parents[1]
 VALID = {
@@ -129,7 +129,7 @@ def test_values_written_into_code_must_be_plain(key, value):
 
 
 def test_the_writer_writes_every_value_as_a_toml_literal():
-    from backports.megatron.upstream_schema import parse_upstream, render_upstream
+    from backports.megatron.vendored.manifest import parse_upstream, render_upstream
 
     note = "quotes \" and ' , a backslash \\, braces {x}, and\na newline"
     text = render_upstream("# kept\nid = 'old'\n", {**VALID, "origin_note": note})

@@ -1,4 +1,4 @@
-"""backports/megatron/vendored.py and the probe's integrity check: what is loaded is checked.
+"""backports/megatron/vendored/ and the probe's integrity check: what is loaded is checked.
 
 ``UPSTREAM.toml`` names one file (``file``, hashed as ``sha256``), while the loader imports
 the vendored module by name and the package's ``__init__.py`` with it. ``files_sha256``

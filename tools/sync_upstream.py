@@ -8,7 +8,7 @@
 
 The sync lives in the installed package (``backports/megatron/sync/``), so a plugin
 author who pip-installed megatron-backports runs ``backports sync`` instead. Exit status:
-0 done, 1 refused or drift, 2 an error.
+0 done, 1 refused or drift, 2 an error, 130 interrupted.
 """
 
 from __future__ import annotations

@@ -128,17 +128,18 @@ Scaffolded by `backports new`. The tests fail until you write:
    behaviour, nothing more (what you add on top belongs outside `vendor/`);
 3. `head_sha` (and `merge_sha` once merged) in `UPSTREAM.toml`.
 
-Then record the vendored file's hashes with `backports sync` (installed with
-megatron-backports; a sync from the pull request replaces the vendored function or method
-with upstream's text, and refuses a commit whose code does not show the fix):
+Then install it, so that its sniff can run here, and record the vendored file's hashes with
+`backports sync` (installed with megatron-backports; a sync from the pull request replaces
+the vendored function or method with upstream's text, sniffs it in a child interpreter, and
+refuses a commit whose code does not show the fix, or a plugin not installed yet):
 
+    pip install -e .      # or build a wheel
     backports sync --vendor-dir {package}/vendor --backport {id} --rehash
     backports sync --vendor-dir {package}/vendor --backport {id} --pr {pr}
     backports sync --vendor-dir {package}/vendor --check
 
 and check it:
 
-    pip install -e .      # or build a wheel
     python -m pytest
     backports status      # {id}: needed, source {dist} 0.1.0
     backports check       # exit 0; exit 1 once it landed upstream or no longer fits

@@ -22,6 +22,7 @@ the author writes the sniff and the replacement: a scaffold that passes proves n
 
 import ast
 import builtins
+import dataclasses
 import hashlib
 import importlib
 import importlib.metadata
@@ -38,14 +39,14 @@ from .errors import BackportError
 from .evidence.versions import installed_version
 from .kinds.function import compiled_body
 from .scaffold_model import Scaffold, TargetInfo
-from .upstream_schema import unsafe_text
-from .vendored import python_files_digest
+from .sync.fetch import checked_sha, expand_sha
+from .vendored import UpstreamToml, python_files_digest, render_upstream
+from .vendored.manifest import unsafe_text
 
 __all__ = ["Scaffold", "TargetInfo", "create", "read_target"]
 
 # A letter first: the id's folder (``vendor/<id with underscores>``) is a Python package.
 _ID = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
-_SHA = re.compile(r"[0-9a-f]{40}")
 _UNSET_SHA = "0" * 40  # schema-valid placeholder; the generated tests refuse it
 
 
@@ -235,10 +236,8 @@ def _check(scaffold: Scaffold) -> None:
         )
     if scaffold.pr <= 0:
         raise BackportError(f"--pr must be a positive pull-request number, not {scaffold.pr}")
-    if scaffold.sha is not None and not _SHA.fullmatch(scaffold.sha):
-        raise BackportError(
-            f"--sha must be the full commit SHA (40 lowercase hex digits), not {scaffold.sha!r}"
-        )
+    if scaffold.sha is not None:
+        checked_sha(scaffold.sha)  # the form; a short one is looked up in --repo later
     why = unsafe_text(scaffold.repo) if scaffold.repo.strip() else "nothing"
     if why is not None:
         raise BackportError(f"--repo {scaffold.repo!r} holds {why}: give a URL or a path")
@@ -249,10 +248,6 @@ def _check(scaffold: Scaffold) -> None:
     _check_prefix(scaffold)
     if scaffold.dest.exists() or scaffold.dest.is_symlink():
         raise BackportError(f"{scaffold.dest} exists: `backports new` never overwrites")
-
-
-def _toml(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _files(s: Scaffold) -> dict[str, str]:
@@ -271,26 +266,39 @@ def _files(s: Scaffold) -> dict[str, str]:
     }
 
 
+_UPSTREAM_TOML_HEAD = """\
+# Provenance of the vendored code in this folder (megatron-backports reads it).
+# After editing the vendored file, record its hashes again:
+#   backports sync --vendor-dir {package}/vendor --backport {id} --rehash
+"""
+
+
 def _upstream_toml(s: Scaffold, folder: Path) -> str:
+    """The folder's ``UPSTREAM.toml``, written by the one writer over a comment head."""
     stub = (folder / f"{s.vendored_module}.py").read_bytes()
-    lines = [
-        "# Provenance of the vendored code in this folder (megatron-backports reads it).",
-        "# After editing the vendored file, record its hashes again:",
-        f"#   backports sync --vendor-dir {s.package_name}/vendor --backport {s.id} --rehash",
-        f"id = {_toml(s.id)}",
-        f"repo = {_toml(s.repo)}",
-        f"pr = {s.pr}",
-        f"head_sha = {_toml(s.sha or _UNSET_SHA)}",
-        f"path = {_toml(s.target.source_path)}",
-        f"symbol = {_toml(s.target.attribute)}",
-        f"file = {_toml(s.vendored_module + '.py')}",
-        f'sha256 = "{hashlib.sha256(stub).hexdigest()}"',
-        'origin = "handwritten"',
-        "origin_note = "
-        + _toml(f"Scaffolded by `backports new` for {s.repo}#{s.pr}; a stub until written."),
-        f'files_sha256 = "{python_files_digest(folder)}"',
-    ]
-    return "\n".join(lines) + "\n"
+    data: UpstreamToml = {
+        "id": s.id,
+        "repo": s.repo,
+        "pr": s.pr,
+        "head_sha": s.sha or _UNSET_SHA,
+        "path": s.target.source_path,
+        "symbol": s.target.attribute,
+        "file": f"{s.vendored_module}.py",
+        "sha256": hashlib.sha256(stub).hexdigest(),
+        "origin": "handwritten",
+        "origin_note": f"Scaffolded by `backports new` for {s.repo}#{s.pr}; a stub until written.",
+        "files_sha256": python_files_digest(folder),
+    }
+    return render_upstream(_UPSTREAM_TOML_HEAD.format(package=s.package_name, id=s.id), data)
+
+
+def _with_full_sha(scaffold: Scaffold) -> Scaffold:
+    """A short ``--sha`` written out in full, as ``backports sync`` does (``SHA_RULE``):
+    the one commit it starts with in ``--repo``, on the pull request's head."""
+    sha = scaffold.sha
+    if sha is None or len(sha) == 40:
+        return scaffold if sha is None else dataclasses.replace(scaffold, sha=sha.lower())
+    return dataclasses.replace(scaffold, sha=expand_sha(scaffold.repo, sha, scaffold.pr))
 
 
 def create(scaffold: Scaffold) -> list[Path]:
@@ -300,6 +308,7 @@ def create(scaffold: Scaffold) -> list[Path]:
     leaves no half-written DIR behind.
     """
     _check(scaffold)
+    scaffold = _with_full_sha(scaffold)
     dest = scaffold.dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = dest.with_name(f".{dest.name}.backports-new")

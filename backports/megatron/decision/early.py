@@ -12,6 +12,7 @@ import hashlib
 import importlib
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,7 @@ class Early:
     version: str = ""
 
 
-def _integrity(upstream: dict[str, Any], hashes: FolderHashes, module: str) -> Integrity:
+def _integrity(upstream: Mapping[str, Any], hashes: FolderHashes, module: str) -> Integrity:
     name = str(upstream.get("file", f"{module}.py"))
     if name not in hashes.by_name:
         raise FileNotFoundError(f"{hashes.where}/{name}: UPSTREAM.toml names a file not there")
@@ -89,7 +90,7 @@ def _integrity(upstream: dict[str, Any], hashes: FolderHashes, module: str) -> I
     )
 
 
-def _provenance(upstream: dict[str, Any], integrity: Integrity) -> dict[str, Any]:
+def _provenance(upstream: Mapping[str, Any], integrity: Integrity) -> dict[str, Any]:
     """What ``UPSTREAM.toml`` says of the fix and whether the vendored files match it."""
     provenance = {
         key: upstream.get(key) for key in ("repo", "pr", "head_sha", "merge_sha", "origin")

@@ -3,11 +3,14 @@ that nothing drifted. One module per step, as pip's ``vendoring`` is laid out:
 
 - ``fetch``: the bare cache clone, fetching and resolving the commit;
 - ``source``: the manifest's source file at that commit (or its planned new location);
-- ``rewrite``: the function or method vendored with live look-ups (ast positions);
+- ``scopes`` and ``render``: upstream's pieces vendored into one file, their module-global
+  reads made live look-ups (ast positions; the one renderer);
 - ``stage``: the new pair staged beside the folder and swapped in, or put back;
+- ``verify``: the entry's sniff on the staged file, in a child interpreter;
 - ``commands``: ``sync``, ``rehash`` and ``check`` as named steps;
 - ``cli``: the flags and exit codes (``tools/sync_upstream.py`` wraps it).
 
-``UPSTREAM.toml`` is read and written by ``backports.megatron.upstream_schema`` alone.
-Importing this package loads nothing heavy: git and tomlkit are imported when used.
+A vendored folder and its ``UPSTREAM.toml`` are ``backports.megatron.vendored``'s (the one
+reader and writer). Importing this package loads nothing heavy: git and tomlkit are
+imported when used.
 """

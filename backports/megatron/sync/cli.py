@@ -7,11 +7,10 @@
     backports sync --vendor-dir ../acme-backport/acme_backport/vendor --backport acme-7617 --pr 7617
 
 Exit status: 0 done (or nothing to do), 1 refused (the commit's code does not show the
-fix) or ``--check`` found drift, 2 an error or an interruption, reported in one line on
-stderr (the vendored files are then the old ones, unless the line says otherwise).
+fix, or cannot be sniffed here) or ``--check`` found drift, 2 an error, 130 interrupted
+(Ctrl-C, the shell's convention), each reported in one line on stderr (the vendored files
+are then the old ones, unless the line says otherwise).
 """
-
-from __future__ import annotations
 
 import argparse
 import importlib.util
@@ -20,18 +19,25 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import exit_status
-from .errors import Refused, SyncError
+from ..errors import BackportError
+from .errors import Interrupted, Refused
+from .fetch import SHA_RULE
 
 __all__ = ["add_arguments", "default_vendor_dir", "main", "run"]
 
 # The exit statuses of every `backports` command (exit_status), under a sync's names.
 EXIT_DONE, EXIT_REFUSED, EXIT_ERROR = exit_status.DONE, exit_status.FAILED, exit_status.CANNOT_RUN
+EXIT_INTERRUPTED = exit_status.INTERRUPTED
 DESCRIPTION = (
     "Refresh vendor/<backport>/ (or a plugin's, --vendor-dir) from an upstream commit "
-    "(--backport with --sha, --pr or both), record the hashes of a handwritten folder "
-    "(--rehash), or check for drift (--check)."
+    "(--backport with --sha, --pr or both): show the diff, sniff the candidate in a child "
+    "interpreter, write it only if the sniff shows the fix. Or record the hashes of a "
+    "handwritten folder (--rehash), or check for drift (--check)."
 )
-EPILOG = "exit status: 0 done, 1 refused (no fix at that commit) or drift, 2 an error"
+EPILOG = (
+    "exit status: 0 done, 1 refused (no fix at that commit, or not sniffable here) or drift, "
+    "2 an error, 130 interrupted"
+)
 
 
 def default_vendor_dir() -> Path:
@@ -48,18 +54,23 @@ def default_vendor_dir() -> Path:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backport", help="backport id, e.g. megatron-lm-7617")
     parser.add_argument(
-        "--sha", help="upstream commit, 40 hex digits (default with --pr: the PR's head)"
+        "--sha",
+        help=f"upstream commit: {SHA_RULE} (default with --pr: the PR's head)",
     )
     parser.add_argument("--repo", help="URL or local path (default: repo in UPSTREAM.toml)")
     parser.add_argument(
         "--pr", type=int, help="fetch refs/pull/PR/head; alone, sync that head commit"
     )
-    parser.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the diff; run nothing fetched (no sniff), write nothing",
+    )
     parser.add_argument(
         "--force",
         action="store_true",
-        help="write the commit's code even if it does not show the fix (the probe then "
-        "says incompatible)",
+        help="write the commit's code even if its sniff does not show the fix, or cannot run "
+        "here (a plugin not installed yet); the probe then judges it",
     )
     parser.add_argument(
         "--rehash",
@@ -81,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     # Here, not at the top: every `backports` command builds this parser, and the steps of
-    # a sync (rewrite, assemble: ~35 ms of imports) serve only a sync.
+    # a sync (the renderer: ~35 ms of imports) serve only a sync.
     from .commands import check, rehash, sync
 
     vendor = args.vendor_dir if args.vendor_dir is not None else default_vendor_dir()
@@ -112,10 +123,12 @@ def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return _dispatch(parser, args)
     except Refused as exc:
         message, code = str(exc), EXIT_REFUSED
-    except SyncError as exc:
+    except Interrupted as exc:
+        message, code = str(exc), EXIT_INTERRUPTED
+    except BackportError as exc:
         message = str(exc)
     except KeyboardInterrupt:
-        message = "interrupted; nothing written"
+        message, code = "interrupted; nothing written", EXIT_INTERRUPTED
     except OSError as exc:
         message = f"{exc}; nothing written"
     except Exception as exc:  # a bug: still one line, never a traceback

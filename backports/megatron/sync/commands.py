@@ -1,4 +1,5 @@
-"""A sync as named steps: fetch the commit, read the source, vendor it, write the pair.
+"""A sync as named steps: fetch the commit, read the source, vendor it, stage the pair, show
+the diff, prove the fix in a child, swap the pair in.
 
 Also ``rehash`` (record the hashes of a handwritten folder) and ``check`` (no network:
 compare every vendored folder with its ``UPSTREAM.toml``). The local changes the catalog
@@ -6,30 +7,28 @@ declares live outside ``vendor/`` and wrap whatever is vendored, so a sync keeps
 names each one it kept.
 """
 
-from __future__ import annotations
-
 import datetime
 import hashlib
-import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from ..upstream_schema import symbols
-from .assemble import Piece, render_pieces
-from .errors import Interrupted, Refused, UsageError, WriteError
-from .fetch import cache_clone, fetch, repo_location, resolve_commit
-from .manifest import (
-    MANIFEST,
-    Backport,
-    files_digest,
-    known_backports,
-    load_backport,
-    local_changes,
-    render_manifest,
+from ..vendored import (
+    ManifestError,
+    UpstreamToml,
+    VendoredFolder,
+    drift_reason,
+    folder_of,
+    folders_under,
+    python_files_digest,
+    render_upstream,
+    symbols,
 )
-from .rewrite import Provenance, Vendored, render_vendored
+from ..vendored.manifest import FILE_NAME
+from .errors import Interrupted, Refused, UsageError, WriteError
+from .fetch import cache_clone, checked_sha, fetch, repo_location, resolve_commit
+from .render import Piece, Provenance, Vendored, render
 from .source import Source, read_other, read_source
 from .stage import (
     leftovers,
@@ -40,11 +39,21 @@ from .stage import (
     unified_diff,
     write_file,
 )
-from .verify import sniff_candidate
+from .verify import local_changes, sniff_candidate
 
 __all__ = ["check", "rehash", "sync"]
 
-_SHA = re.compile(r"[0-9a-fA-F]{4,40}")
+# What stands between the staged pair and the swap: raises ``Refused`` to write nothing.
+Proof = Callable[[Path], None]
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """Upstream's code at one commit, vendored."""
+
+    sha: str
+    source: Source
+    vendored: Vendored
 
 
 def _sha256(data: bytes) -> str:
@@ -53,49 +62,6 @@ def _sha256(data: bytes) -> str:
 
 def _module_name(path: str) -> str:
     return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
-
-
-def _new_manifest(
-    backport: Backport, commit: Any, source: Source, vendored: Vendored
-) -> dict[str, Any]:
-    """The manifest after a sync: full SHAs, and the canonical repository URL it already
-    names (never the local path or mirror a sync fetched from)."""
-    data = dict(backport.manifest)
-    for key in ("synced_repo", "synced_date"):
-        data.pop(key, None)
-    data.update(
-        sha256=_sha256(vendored.text.encode("utf-8")),
-        origin="synced",
-        origin_note=(
-            f"Synced by backports sync from {source.path} at {commit.hexsha}: "
-            "upstream's code as it is, its module-global reads made live look-ups."
-        ),
-        synced_sha=commit.hexsha,
-        synced_path=source.path,
-        upstream_sha256=_sha256(vendored.segment.encode("utf-8")),
-        reads=list(vendored.reads),
-    )
-    # A handwritten folder of an open pull request may not know its head: the commit
-    # synced now is the first one known to be upstream's.
-    data.setdefault("head_sha", commit.hexsha)
-    return data
-
-
-def _with_date(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
-    """Today's date when anything changed; the old date when a re-sync changes nothing."""
-    unchanged = {k: v for k, v in old.items() if k != "synced_date"} == new
-    date = old.get("synced_date") if unchanged else None
-    today = datetime.datetime.now(datetime.UTC).date().isoformat()
-    return {**new, "synced_date": date or today}
-
-
-def _check_args(sha: str | None, pr: int | None) -> None:
-    if sha is None and pr is None:
-        raise UsageError("a sync needs --sha, --pr, or both")
-    if sha is not None and not _SHA.fullmatch(sha):
-        raise UsageError(f"--sha must be 4 to 40 hex digits, not {sha!r}")
-    if pr is not None and pr <= 0:
-        raise UsageError(f"--pr must be a positive pull-request number, not {pr}")
 
 
 def _tidy(vendor: Path, dry_run: bool) -> None:
@@ -112,10 +78,13 @@ def _tidy(vendor: Path, dry_run: bool) -> None:
         print(f"note: {line}")
 
 
-def _pieces(manifest: dict[str, Any], source: Source) -> list[Piece]:
+# ---- the candidate --------------------------------------------------------------------------
+
+
+def _pieces(manifest: UpstreamToml, source: Source) -> list[Piece]:
     """What to vendor: each target symbol, then the module state listed in ``carry``;
     each read from ``symbol_paths``'s file for it, else from the manifest's source."""
-    paths: dict[str, str] = manifest.get("symbol_paths", {})
+    paths = manifest.get("symbol_paths", {})
     pieces = []
     for name, carried in [(s, False) for s in symbols(manifest)] + [
         (c, True) for c in manifest.get("carry", [])
@@ -126,33 +95,9 @@ def _pieces(manifest: dict[str, Any], source: Source) -> list[Piece]:
     return pieces
 
 
-def _is_one_function(manifest: dict[str, Any]) -> bool:
-    names = symbols(manifest)
-    plain = len(names) == 1 and "." not in names[0]
-    return plain and not manifest.get("carry") and not manifest.get("symbol_paths")
-
-
-def _first_owner(manifest: dict[str, Any]) -> str:
-    """The top-level name the manifest's source must define: the first symbol's owner."""
-    return symbols(manifest)[0].partition(".")[0]
-
-
-def _vendor_at(
-    manifest: dict[str, Any], commit: Any, source: Source
-) -> Callable[[Provenance], tuple[Vendored, dict[str, list[str]]]]:
-    """Read every other file now (the clone is open); render once the provenance is known."""
-    if _is_one_function(manifest):
-        return lambda p: (render_vendored(source.text, p.symbol, p), {})
-    pieces = _pieces(manifest, source)
-    sources = {source.path: source.text}
-    for piece in pieces:
-        if piece.path not in sources:
-            sources[piece.path] = read_other(commit, piece.path)
-    return lambda p: render_pieces(sources, pieces, p)
-
-
-def _provenance(manifest: dict[str, Any], sha: str, source_path: str) -> Provenance:
+def _provenance(manifest: UpstreamToml, sha: str, source_path: str) -> Provenance:
     """The header of the vendored file: where its text was read, at which commit."""
+    moved = manifest.get("moved_path")
     return Provenance(
         repo=manifest["repo"],
         pr=manifest["pr"],
@@ -161,10 +106,101 @@ def _provenance(manifest: dict[str, Any], sha: str, source_path: str) -> Provena
         symbol=", ".join(symbols(manifest)),
         target_module=_module_name(manifest["path"]),
         # Not once the move is done: the source is then read from the new place.
-        moved_path=None
-        if source_path == manifest.get("moved_path")
-        else manifest.get("moved_path"),
+        moved_path=None if source_path == moved else moved,
     )
+
+
+def _fetch_candidate(
+    folder: VendoredFolder, sha: str | None, repo_arg: str | None, pr: int | None
+) -> _Candidate:
+    """The commit fetched into the cache clone, its source files read while the clone is
+    open, and upstream's code vendored from them (parsed, never run)."""
+    manifest = folder.manifest
+    url = repo_location(repo_arg if repo_arg is not None else manifest["repo"])
+    with cache_clone(url) as repo:
+        fetch(repo, url, sha, pr)
+        commit = resolve_commit(repo, sha, url, pr)
+        if pr is not None and not repo.is_ancestor(commit.hexsha, f"refs/pull/{pr}/head"):
+            print(f"note: {commit.hexsha[:12]} is not on refs/pull/{pr}/head")
+        owner = symbols(manifest)[0].partition(".")[0]  # what the source must define
+        source = read_source(commit, manifest["path"], owner, manifest.get("moved_path"))
+        if source.note:
+            print(f"note: {source.note}")
+        pieces = _pieces(manifest, source)
+        sources = {source.path: source.text}
+        for piece in pieces:
+            if piece.path not in sources:
+                sources[piece.path] = read_other(commit, piece.path)
+        hexsha = str(commit.hexsha)
+    vendored = render(sources, pieces, _provenance(manifest, hexsha, source.path))
+    print(f"reads from the target module: {', '.join(vendored.reads) or 'nothing'}")
+    for symbol, texts in vendored.decorators.items():
+        print(f"recorded the decorators of {symbol}: {', '.join('@' + d for d in texts)}")
+    return _Candidate(hexsha, source, vendored)
+
+
+def _synced_manifest(folder: VendoredFolder, candidate: _Candidate) -> UpstreamToml:
+    """The manifest after a sync: full SHAs, and the canonical repository URL it already
+    names (never the local path or mirror a sync fetched from)."""
+    data = folder.manifest.copy()
+    data.pop("synced_repo", None)  # the next three are written anew, or no more
+    data.pop("synced_date", None)
+    data.pop("decorators", None)
+    vendored, sha = candidate.vendored, candidate.sha
+    data["sha256"] = _sha256(vendored.text.encode("utf-8"))
+    data["origin"] = "synced"
+    data["origin_note"] = (
+        f"Synced by backports sync from {candidate.source.path} at {sha}: "
+        "upstream's code as it is, its module-global reads made live look-ups."
+    )
+    data["synced_sha"] = sha
+    data["synced_path"] = candidate.source.path
+    data["upstream_sha256"] = _sha256(vendored.segment.encode("utf-8"))
+    data["reads"] = list(vendored.reads)
+    # A handwritten folder of an open pull request may not know its head: the commit
+    # synced now is the first one known to be upstream's.
+    data.setdefault("head_sha", sha)
+    if vendored.decorators:
+        data["decorators"] = vendored.decorators
+    return data
+
+
+def _with_date(new: UpstreamToml, old: UpstreamToml) -> UpstreamToml:
+    """Today's date when anything changed; the old date when a re-sync changes nothing."""
+    unchanged = {k: v for k, v in old.items() if k != "synced_date"} == new
+    today = datetime.datetime.now(datetime.UTC).date().isoformat()
+    return {**new, "synced_date": (old.get("synced_date") if unchanged else None) or today}
+
+
+# ---- the proof ------------------------------------------------------------------------------
+
+
+def _prover(folder: VendoredFolder, sha: str, force: bool) -> Proof:
+    """The sniff, in a child, on the staged file: refuse (exit 1, nothing written) code that
+    does not show the fix, or that this environment cannot sniff, unless ``force``."""
+
+    def prove(staged: Path) -> None:
+        print(f"{folder.id}: sniffing the candidate in a child interpreter")
+        sniffed = sniff_candidate(folder.id, staged)
+        if sniffed.fixed and sniffed.sha256 == _sha256(staged.read_bytes()):
+            print(f"{folder.id}: the sniff shows the fix at {sha}: {sniffed.summary}")
+            return
+        if sniffed.fixed:
+            said = "the sniffed file is not the staged one"
+        elif sniffed.fixed is None:
+            install = "install it first" if sniffed.not_here else "sniff it where it can run"
+            said = f"not sniffed: {sniffed.summary} ({install}, or --force)"
+        else:
+            said = f"{folder.shown()} at {sha} would not carry the fix; the sniff saw: "
+            said += sniffed.summary
+        if not force:
+            raise Refused(f"{said}; nothing written (--force writes it anyway)")
+        print(f"warning: {said}; writing it anyway (--force): the probe will say incompatible")
+
+    return prove
+
+
+# ---- the commands -----------------------------------------------------------------------------
 
 
 def sync(
@@ -177,107 +213,89 @@ def sync(
     *,
     force: bool = False,
 ) -> int:
-    """Vendor the backport's code at the commit; refused (exit 1) unless it shows the fix,
-    or ``force``."""
-    _check_args(sha, pr)
-    sha = None if sha is None else sha.lower()
+    """Vendor the backport's code at the commit; refused (exit 1) unless the sniff shows the
+    fix, or ``force``. A dry run shows the diff and runs nothing it fetched."""
+    if sha is None and pr is None:
+        raise UsageError("a sync needs --sha, --pr, or both")
+    if pr is not None and pr <= 0:
+        raise UsageError(f"--pr must be a positive pull-request number, not {pr}")
+    sha = None if sha is None else checked_sha(sha)
     _tidy(vendor, dry_run)
-    backport = load_backport(vendor, backport_id)
-    manifest = backport.manifest
-    url = repo_location(repo_arg if repo_arg is not None else manifest["repo"])
-    with cache_clone(url) as repo:
-        fetch(repo, url, sha, pr)
-        commit = resolve_commit(repo, sha, url, pr)
-        if pr is not None and not repo.is_ancestor(commit.hexsha, f"refs/pull/{pr}/head"):
-            print(f"note: {commit.hexsha[:12]} is not on refs/pull/{pr}/head")
-        source = read_source(commit, {**manifest, "symbol": _first_owner(manifest)})
-        if source.note:
-            print(f"note: {source.note}")
-        vendor_text = _vendor_at(manifest, commit, source)
-    vendored, decorators = vendor_text(_provenance(manifest, commit.hexsha, source.path))
-    print(f"reads from the target module: {', '.join(vendored.reads) or 'nothing'}")
-    for symbol, texts in decorators.items():
-        print(f"recorded the decorators of {symbol}: {', '.join('@' + d for d in texts)}")
-    _refuse_without_fix(backport, commit.hexsha, vendored.text, force)
-    data = _new_manifest(backport, commit, source, vendored)
-    data.pop("decorators", None)
-    if decorators:
-        data["decorators"] = decorators
-    code = _write_pair(backport, vendored.text, data, dry_run, dated=True)
-    _say_kept_local_changes(backport.id)
+    folder = folder_of(vendor, backport_id)
+    candidate = _fetch_candidate(folder, sha, repo_arg, pr)
+    data = _synced_manifest(folder, candidate)
+    prove = _prover(folder, candidate.sha, force)
+    code = _write_pair(folder, candidate.vendored.text, data, dry_run, prove)
+    _say_kept_local_changes(folder.id)
     return code
-
-
-def _refuse_without_fix(backport: Backport, sha: str, text: str, force: bool) -> None:
-    """Refuse (exit 1, nothing written) code whose sniff does not show the fix."""
-    sniffed = sniff_candidate(backport.id, text, backport.file.name)
-    if sniffed.fixed is None:
-        print(f"note: {backport.id}: {sniffed.summary}")
-        return
-    if sniffed.fixed:
-        print(f"{backport.id}: the sniff shows the fix at {sha}: {sniffed.summary}")
-        return
-    said = f"{backport.shown()} at {sha} would not carry the fix; the sniff saw: {sniffed.summary}"
-    if not force:
-        raise Refused(f"{said}; nothing written (--force writes it anyway)")
-    print(f"warning: {said}; writing it anyway (--force): the probe will say incompatible")
 
 
 def rehash(vendor: Path, backport_id: str, dry_run: bool) -> int:
     """Record sha256 and files_sha256 of a handwritten folder as it is."""
     _tidy(vendor, dry_run)
-    backport = load_backport(vendor, backport_id)
-    origin = backport.manifest.get("origin")
+    folder = folder_of(vendor, backport_id)
+    origin = folder.manifest["origin"]
     if origin != "handwritten":
         raise UsageError(
-            f"{backport.shown(MANIFEST)} says origin = {origin!r}: --rehash records the "
+            f"{folder.shown(FILE_NAME)} says origin = {origin!r}: --rehash records the "
             "hashes of handwritten code only; re-sync synced code instead"
         )
     try:
-        text = backport.file.read_text(encoding="utf-8")
+        text = folder.file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read {backport.file}: {exc}") from exc
-    data = {**backport.manifest, "sha256": _sha256(text.encode("utf-8"))}
-    return _write_pair(backport, text, data, dry_run, dated=False)
+        raise UsageError(f"cannot read {folder.file}: {exc}") from exc
+    data: UpstreamToml = {**folder.manifest, "sha256": _sha256(text.encode("utf-8"))}
+    return _write_pair(folder, text, data, dry_run, prove=None)
 
 
 def _write_pair(
-    backport: Backport, text: str, data: dict[str, Any], dry_run: bool, dated: bool
+    folder: VendoredFolder, text: str, data: UpstreamToml, dry_run: bool, prove: Proof | None
 ) -> int:
-    """Stage the vendored file and its UPSTREAM.toml (files_sha256 over the staged
-    folder), print the diff, and swap the pair in unless nothing changed or ``dry_run``."""
-    with staged_copy(backport.folder, beside=not dry_run) as stage:
+    """Stage the vendored file and its UPSTREAM.toml (files_sha256 over the staged folder),
+    print the diff, and, unless nothing changed or ``dry_run``, ``prove`` the staged file
+    (a sync's sniff) and swap the pair in."""
+    with staged_copy(folder.path, beside=not dry_run) as stage:
+        staged = stage / folder.file.name
         try:
-            write_file(stage / backport.file.name, text)
-            data = {**data, "files_sha256": files_digest(stage)}
-            if dated:
-                data = _with_date(data, backport.manifest)
-            manifest_text = render_manifest(backport.manifest_text, data)
-            write_file(stage / MANIFEST, manifest_text)
+            write_file(staged, text)
+            data = {**data, "files_sha256": python_files_digest(stage)}
+            if prove is not None:  # a sync is proved and dated; a rehash records hashes only
+                data = _with_date(data, folder.manifest)
+            manifest_text = _rendered(folder, data)
+            write_file(stage / FILE_NAME, manifest_text)
         except OSError as exc:
-            raise WriteError(f"cannot write the staged copy of {backport.folder}: {exc}") from exc
-        file_diff = unified_diff(read_text(backport.file), text, backport.shown(backport.file.name))
-        manifest_diff = unified_diff(
-            backport.manifest_text, manifest_text, backport.shown(MANIFEST)
-        )
-        diff = file_diff + manifest_diff
-        if not diff:
-            print(f"{backport.id}: {backport.shown()} is up to date; nothing written")
+            raise WriteError(f"cannot write the staged copy of {folder.path}: {exc}") from exc
+        file_diff = unified_diff(read_text(folder.file), text, folder.shown(folder.file.name))
+        manifest_diff = unified_diff(folder.manifest_text, manifest_text, folder.shown(FILE_NAME))
+        if not file_diff + manifest_diff:
+            print(f"{folder.id}: {folder.shown()} is up to date; nothing written")
             return 0
-        sys.stdout.write(diff)
+        sys.stdout.write(file_diff + manifest_diff)
         if dry_run:
-            print(f"{backport.id}: dry run; nothing written")
+            if prove is not None:
+                print(f"note: {folder.id}: not sniffed: dry run (a sync sniffs before it writes)")
+            print(f"{folder.id}: dry run; nothing written")
             return 0
+        if prove is not None:
+            prove(staged)
         try:
-            held = swap_in(stage, backport.folder)
+            held = swap_in(stage, folder.path)
         except KeyboardInterrupt as exc:
-            raise Interrupted(f"interrupted; {backport.shown()} keeps its old files") from exc
-    names = [backport.file.name] * bool(file_diff) + [MANIFEST] * bool(manifest_diff)
-    wrote = f"wrote {' and '.join(names)} in {backport.shown()}"
+            raise Interrupted(f"interrupted; {folder.shown()} keeps its old files") from exc
+    names = [folder.file.name] * bool(file_diff) + [FILE_NAME] * bool(manifest_diff)
+    wrote = f"wrote {' and '.join(names)} in {folder.shown()}"
     if held:
         raise Interrupted(f"interrupted after the swap: {wrote}")
-    print(f"{backport.id}: {wrote}")
+    print(f"{folder.id}: {wrote}")
     return 0
+
+
+def _rendered(folder: VendoredFolder, data: UpstreamToml) -> str:
+    """The new ``UPSTREAM.toml`` text (the one writer; a refusal is a usage error)."""
+    try:
+        return render_upstream(folder.manifest_text, data)
+    except ManifestError as exc:
+        raise UsageError(str(exc)) from exc
 
 
 def _say_kept_local_changes(backport_id: str) -> None:
@@ -294,32 +312,6 @@ def _say_kept_local_changes(backport_id: str) -> None:
         print(f"kept local change {name}: {reason}")
 
 
-def _drift(backport: Backport) -> list[str]:
-    """One line per way the folder differs from its UPSTREAM.toml."""
-    lines = []
-    expected = backport.manifest.get("sha256")
-    try:
-        actual = _sha256(backport.file.read_bytes())
-    except OSError as exc:
-        actual = f"unreadable ({exc.strerror})"
-    if actual != expected:
-        shown = backport.shown(backport.file.name)
-        lines.append(f"drifted: {shown} (sha256 {actual}, {MANIFEST} says {expected})")
-    folder_expected = backport.manifest.get("files_sha256")
-    folder_actual = files_digest(backport.folder)
-    if folder_expected is None:
-        lines.append(
-            f"drifted: {backport.shown()} ({MANIFEST} has no files_sha256; "
-            "re-sync, or --rehash a handwritten folder)"
-        )
-    elif folder_actual != folder_expected:
-        lines.append(
-            f"drifted: {backport.shown()}*.py "
-            f"(files_sha256 {folder_actual}, {MANIFEST} says {folder_expected})"
-        )
-    return lines
-
-
 def check(vendor: Path, only: str | None = None) -> int:
     """0 when every vendored folder matches its UPSTREAM.toml, else 1."""
     stray = leftovers(vendor)
@@ -329,17 +321,17 @@ def check(vendor: Path, only: str | None = None) -> int:
         for path in stray:
             print(f"leftover: {path.name} from a killed sync; the next sync or --rehash tidies it")
         return 1
-    backports = [load_backport(vendor, only)] if only else known_backports(vendor)
-    if not backports:
-        raise UsageError(f"no vendored backports (*/{MANIFEST}) under {vendor}")
+    folders = [folder_of(vendor, only)] if only else folders_under(vendor)
+    if not folders:
+        raise UsageError(f"no vendored backports (*/{FILE_NAME}) under {vendor}")
     drifted = 0
-    for backport in backports:
-        lines = _drift(backport)
-        drifted += bool(lines)
-        for line in lines:
-            print(line)
+    for folder in folders:
+        reason = drift_reason(folder.integrity(), folder.id, folder.manifest["origin"])
+        if reason is not None:
+            drifted += 1
+            print(f"drifted: {reason}")
     if drifted:
-        print(f"{drifted} vendored folder(s) differ from {MANIFEST}; re-sync, do not edit")
+        print(f"{drifted} vendored folder(s) differ from {FILE_NAME}; re-sync, do not edit")
         return 1
-    print(f"ok: {len(backports)} vendored folder(s) match their {MANIFEST}")
+    print(f"ok: {len(folders)} vendored folder(s) match their {FILE_NAME}")
     return 0

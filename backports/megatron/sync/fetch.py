@@ -3,9 +3,12 @@
 The clone lives under the user's cache directory (``$XDG_CACHE_HOME/megatron-backports/
 upstream/``); git runs through gitpython, never a shell, and never with an argument git
 could take for an option.
-"""
 
-from __future__ import annotations
+The one SHA rule of ``backports sync --sha`` and ``backports new --sha`` (``SHA_RULE``): 4 to
+40 hex digits; a short one stands for the one commit whose id starts with it in the
+repository (with ``--pr N``, fetched with the pull request's head), and is written out in
+full wherever it is recorded. Two commits that share the prefix are refused, never guessed.
+"""
 
 import contextlib
 import hashlib
@@ -19,11 +22,30 @@ from typing import Any
 
 from .errors import FetchError, RevisionError, UsageError
 
-__all__ = ["cache_clone", "cache_dir", "fetch", "repo_location", "resolve_commit"]
+__all__ = [
+    "SHA_RULE",
+    "cache_clone",
+    "cache_dir",
+    "checked_sha",
+    "expand_sha",
+    "fetch",
+    "repo_location",
+    "resolve_commit",
+]
+
+SHA_RULE = "4 to 40 hex digits; a unique prefix is written out in full"
+_SHA = re.compile(r"[0-9a-fA-F]{4,40}")
 
 CACHE_SUBDIR = Path("megatron-backports") / "upstream"
 # Variables that would point git at some other repository than the cache clone.
 _GIT_LOCATION_VARS = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY")
+
+
+def checked_sha(sha: str) -> str:
+    """``sha`` as the rule takes it (lowercase); a ``UsageError`` naming ``--sha`` if not."""
+    if not _SHA.fullmatch(sha):
+        raise UsageError(f"--sha must be 4 to 40 hex digits, not {sha!r}")
+    return sha.lower()
 
 
 def cache_dir() -> Path:
@@ -175,3 +197,13 @@ def resolve_commit(repo: Any, sha: str | None, url: str, pr: int | None) -> Any:
         listed = ", ".join(sorted(commits))
         raise RevisionError(f"{sha} is ambiguous in {url}: {listed}; give more digits")
     return repo.commit(commits[0])
+
+
+def expand_sha(repo: str, sha: str, pr: int | None) -> str:
+    """The full id of the one commit ``sha`` (checked) starts with in ``repo`` (a URL or a
+    path; with ``pr``, on the pull request's head ref), fetched into the cache clone."""
+    sha = checked_sha(sha)
+    url = repo_location(repo)
+    with cache_clone(url) as clone:
+        fetch(clone, url, sha, pr)
+        return str(resolve_commit(clone, sha, url, pr).hexsha)

@@ -1,14 +1,12 @@
 """Step two of a sync: read the manifest's source file at the fetched commit (or the
 module's planned new location, when the old one is gone or only forwards the symbol)."""
 
-from __future__ import annotations
-
 import ast
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import SourceError
-from .rewrite import defines
+from .scopes import defines
 
 __all__ = ["Source", "read_other", "read_source"]
 
@@ -42,11 +40,9 @@ def _only_forwards(text: str, symbol: str) -> bool:
         return False
 
 
-def read_source(commit: Any, manifest: dict[str, Any]) -> Source:
-    """The manifest's ``path`` at ``commit``, or ``moved_path`` when ``path`` is gone or
-    only forwards the symbol to it."""
-    path, symbol = manifest["path"], manifest["symbol"]
-    moved: str | None = manifest.get("moved_path")
+def read_source(commit: Any, path: str, symbol: str, moved: str | None) -> Source:
+    """``path`` at ``commit``, or ``moved`` (the manifest's ``moved_path``) when ``path`` is
+    gone or only forwards the top-level ``symbol`` to it."""
     short = commit.hexsha[:12]
     text = _blob_text(commit, path)
     moved_text = None if moved is None else _blob_text(commit, moved)

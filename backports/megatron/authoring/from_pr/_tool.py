@@ -7,16 +7,16 @@ names from this module too.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 from ...errors import BackportError
 from ...private_globals import with_globals
-from ...sync.assemble import LIVE_MODULE, Piece, render_pieces
 from ...sync.errors import SyncError
-from ...sync.rewrite import LIVE_TARGET, Provenance, Vendored
-from ...upstream_schema import parse_upstream, render_upstream, unsafe_text
-from ...vendored import python_files_digest
+from ...sync.render import LIVE_MODULE, LIVE_TARGET, Piece, Provenance, Vendored, render
+from ...vendored import UpstreamToml, parse_upstream, python_files_digest
+from ...vendored import render_upstream as _render_upstream
+from ...vendored.manifest import unsafe_text
 
 __all__ = [
     "LIVE_MODULE",
@@ -42,11 +42,24 @@ __all__ = [
 ]
 
 # The two origin lines the sync's assembly writes into a vendored file's header (see
-# sync/assemble.py); a derivation that merged a drifted symbol says so in their place.
+# sync/render.py); a derivation that merged a drifted symbol says so in their place.
 SYNCED_ORIGIN_LINES = (
     "# origin: synced by backports sync: upstream's code as it is, except that the module\n"
     "#         globals it reads are looked up on the live upstream modules.\n"
 )
+
+
+def render_upstream(old_text: str, data: Mapping[str, Any]) -> str:
+    """``UPSTREAM.toml`` for ``data`` (the one writer checks it against the schema)."""
+    return _render_upstream(old_text, cast(UpstreamToml, dict(data)))
+
+
+def render_pieces(
+    sources: Mapping[str, str], pieces: Sequence[Piece], provenance: Provenance
+) -> tuple[Vendored, dict[str, list[str]]]:
+    """The vendored module holding every piece, and the decorators left off each method."""
+    vendored = render(sources, pieces, provenance)
+    return vendored, vendored.decorators
 
 
 def contract() -> tuple[Callable[[Any], None], ...]:

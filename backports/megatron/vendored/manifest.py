@@ -1,4 +1,6 @@
-"""The keys of a vendored folder's ``UPSTREAM.toml`` and their types, checked on read.
+"""``UPSTREAM.toml``, the provenance of a vendored folder: its keys and their types, the one
+reader (text -> a checked ``UpstreamToml``) and the one writer (``render_upstream``), which a
+sync, ``--rehash`` and ``backports new`` all use.
 
 A hand-edited or half-written manifest must give one clear reason (``pr must be an integer``),
 not a ``TypeError`` deep in the probe, nor a string of names checked one character at a time,
@@ -13,19 +15,23 @@ whose head no available clone holds); its ``origin_note`` says so, and git ances
 checks ``merge_sha`` alone, or nothing.
 """
 
+import json
 import re
 import tomllib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NotRequired, TypedDict, cast
 
-from .errors import BackportError
+from ._outside import BackportError
 
 __all__ = [
+    "FILE_NAME",
     "ManifestError",
+    "UpstreamToml",
     "manifest_problems",
     "parse_upstream",
     "render_upstream",
     "symbols",
+    "unsafe_text",
 ]
 
 FILE_NAME = "UPSTREAM.toml"
@@ -35,6 +41,38 @@ HASHES = ("sha256", "files_sha256")
 
 class ManifestError(BackportError):
     """An ``UPSTREAM.toml`` that cannot be read, or that breaks the schema."""
+
+
+class UpstreamToml(TypedDict):
+    """A checked ``UPSTREAM.toml``, as ``parse_upstream`` returns it (``REQUIRED`` and
+    ``OPTIONAL`` below check each key). Keys a newer tool wrote stay in the dict unread, and
+    the writer keeps them."""
+
+    id: str
+    repo: str
+    pr: int
+    path: str  # the upstream module's path in its repository
+    symbol: str | list[str]  # see the module doc; ``symbols()`` gives a list
+    file: str  # the vendored file in the folder that ``sha256`` covers
+    origin: str  # "handwritten" or "synced"
+    # Written by a sync or --rehash; a folder being set up may not have them yet.
+    sha256: NotRequired[str]
+    files_sha256: NotRequired[str]  # every .py file of the folder (``python_files_digest``)
+    head_sha: NotRequired[str]
+    head_unknown: NotRequired[bool]
+    merge_sha: NotRequired[str]
+    moved_path: NotRequired[str]
+    origin_note: NotRequired[str]
+    reads: NotRequired[list[str]]
+    synced_sha: NotRequired[str]
+    synced_path: NotRequired[str]
+    synced_date: NotRequired[str]
+    synced_repo: NotRequired[str]  # written by old syncs only; the next sync drops it
+    upstream_sha256: NotRequired[str]
+    upstream_tests: NotRequired[list[str]]
+    decorators: NotRequired[dict[str, list[str]]]
+    carry: NotRequired[list[str]]
+    symbol_paths: NotRequired[dict[str, str]]
 
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -192,7 +230,7 @@ OPTIONAL: dict[str, Callable[[Any], str | None]] = {
 }
 
 
-def manifest_problems(data: dict[str, Any], *, hashes_required: bool = True) -> list[str]:
+def manifest_problems(data: Mapping[str, Any], *, hashes_required: bool = True) -> list[str]:
     """What is wrong with a parsed ``UPSTREAM.toml``, one phrase per key; [] when valid.
 
     Unknown keys are allowed: a newer sync tool may write more. ``hashes_required=False``
@@ -218,13 +256,13 @@ def manifest_problems(data: dict[str, Any], *, hashes_required: bool = True) -> 
     return problems
 
 
-def symbols(data: dict[str, Any]) -> list[str]:
+def symbols(data: UpstreamToml) -> list[str]:
     """``symbol`` of a valid manifest as a list (one name, or several in target order)."""
     value = data["symbol"]
     return [value] if isinstance(value, str) else [str(v) for v in value]
 
 
-def parse_upstream(text: str, where: str, *, hashes_required: bool = True) -> dict[str, Any]:
+def parse_upstream(text: str, where: str, *, hashes_required: bool = True) -> UpstreamToml:
     """The one reader of ``UPSTREAM.toml`` (the probe's and the sync's): its text parsed
     and checked against the schema; a ``ManifestError`` in one line naming ``where``."""
     try:
@@ -234,28 +272,60 @@ def parse_upstream(text: str, where: str, *, hashes_required: bool = True) -> di
     problems = manifest_problems(data, hashes_required=hashes_required)
     if problems:
         raise ManifestError(f"{where} is not a valid {FILE_NAME}: {'; '.join(problems)}")
-    return data
+    return cast(UpstreamToml, data)
 
 
-def render_upstream(old_text: str, data: dict[str, Any]) -> str:
-    """The one writer: ``data`` written over the old ``UPSTREAM.toml`` text with tomlkit
-    (every value a TOML literal; comments and key order stay, keys ``data`` drops go, new
-    keys follow in ``data``'s order). Refuses data the schema refuses."""
+def render_upstream(old_text: str, data: UpstreamToml) -> str:
+    """The one writer: ``data`` written over the old ``UPSTREAM.toml`` text (every value a
+    TOML literal; comments and key order stay, keys ``data`` drops go, new keys follow in
+    ``data``'s order). Editing a manifest needs tomlkit; a new one (``old_text`` holding
+    comments at most, as ``backports new`` writes it) is written here without it. Refuses
+    data the schema refuses, and text that would not read back as ``data``."""
     problems = manifest_problems(data, hashes_required=False)
     if problems:
         raise ManifestError(f"refusing to write an invalid {FILE_NAME}: {'; '.join(problems)}")
+    text = _edited(old_text, data) if tomllib.loads(old_text) else _new(old_text, data)
+    if tomllib.loads(text) != data:
+        raise ManifestError(f"internal error: the {FILE_NAME} written would not read back")
+    return text
+
+
+def _edited(old_text: str, data: UpstreamToml) -> str:
     try:
         import tomlkit
     except ImportError as exc:
         raise ManifestError(
             f"writing {FILE_NAME} needs tomlkit: pip install 'megatron-backports[git]'"
         ) from exc
-    document = tomlkit.parse(old_text) if old_text else tomlkit.document()
+    document = tomlkit.parse(old_text)
     for key in [key for key in document if key not in data]:
         del document[key]
     for key, value in data.items():
         document[key] = value
-    text = tomlkit.dumps(document)
-    if tomllib.loads(text) != data:
-        raise ManifestError(f"internal error: the {FILE_NAME} written would not read back")
-    return text
+    return tomlkit.dumps(document)
+
+
+def _new(head: str, data: UpstreamToml) -> str:
+    """``head`` (comments), then one ``key = value`` line per key in ``data``'s order, then
+    its tables (a table's keys run to the end of the file, so tables come last)."""
+    lines = [head.rstrip("\n")] if head.strip() else []
+    tables: list[tuple[str, dict[str, Any]]] = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            tables.append((key, value))
+        else:
+            lines.append(f"{key} = {_literal(value)}")
+    for key, table in tables:
+        lines += ["", f"[{key}]", *(f"{_literal(k)} = {_literal(v)}" for k, v in table.items())]
+    return "\n".join(lines) + "\n"
+
+
+def _literal(value: object) -> str:
+    """A TOML literal of a schema value: JSON's string escapes are TOML's basic string's."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_literal(item) for item in value) + "]"
+    return json.dumps(str(value), ensure_ascii=False)
