@@ -117,7 +117,6 @@ NOT_AT_JOB_START = (
     "backports.megatron.job.startup_hook",
     "backports.megatron.cli",
     "backports.megatron.commands",
-    "backports.megatron.scaffold",
     "backports.megatron.sync",
     "backports.megatron.authoring",
     "backports.megatron.upstream_tests",

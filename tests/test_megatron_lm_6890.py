@@ -23,8 +23,8 @@ from backports.megatron.catalog import by_id
 from backports.megatron.catalog import megatron_lm_6890 as entry_module
 from backports.megatron.model import ResolvedTarget, SniffFailed
 from backports.megatron.testing import CONTRACT
-from backports.megatron.vendored.manifest import manifest_problems
 from backports.megatron.vendored import vendored_module
+from backports.megatron.vendored.manifest import manifest_problems
 from tests.reports import report_for
 
 ID = "megatron-lm-6890"

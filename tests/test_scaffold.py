@@ -27,11 +27,11 @@ from backports.megatron import (
     cli,
     revert,
 )
+from backports.megatron.authoring.scaffold import read_target
 from backports.megatron.catalog import BackportSpec
 from backports.megatron.job import deferred
 from backports.megatron.kinds.install import installed
 from backports.megatron.model import WITH_LOCAL_CHANGES
-from backports.megatron.scaffold import read_target
 from backports.megatron.vendored.manifest import manifest_problems
 from tests.test_plugin_install import OBSERVE
 from tests.test_vendored import documented_digest

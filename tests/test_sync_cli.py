@@ -59,7 +59,8 @@ def test_the_tool_is_a_thin_wrapper_of_the_installed_sync() -> None:
 
 
 def test_scaffold_templates_do_not_import_the_scaffold() -> None:
-    path = ROOT / "backports" / "megatron" / "_scaffold_templates.py"
+    """The texts import the plan's model alone, never the scaffold's logic (its package)."""
+    path = ROOT / "backports" / "megatron" / "authoring" / "scaffold" / "templates.py"
     tree = ast.parse(path.read_text())
-    imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
-    assert "scaffold" not in imported
+    relative = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level]
+    assert [(n.level, n.module) for n in relative] == [(1, "model")]

@@ -2,7 +2,7 @@
 
 The clone is built here with gitpython: three commits, the test files at the middle one.
 What ``upstream-tests`` reads of the unpacked repository is checked with its own reader
-(backports.megatron.upstream_checkout), and the slow test runs #6114's tests from it.
+(backports.megatron.upstream_tests.checkout), and the slow test runs #6114's tests from it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 import git
 import pytest
 
-from backports.megatron import cli, upstream_checkout
+from backports.megatron import cli
+from backports.megatron.upstream_tests import checkout as upstream_checkout
 from tests.test_sync_upstream import commit_files
 from tests.test_upstream_tests import HELPER, NODE, TEST, private_tmp  # noqa: F401
 

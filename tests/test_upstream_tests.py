@@ -24,7 +24,7 @@ import pytest
 
 from backports.megatron import cli
 from backports.megatron.upstream_tests import Row, verdict
-from backports.megatron.upstream_verdict import NOTHING, PROVES, document, judge, markdown
+from backports.megatron.upstream_tests.judgement import NOTHING, PROVES, document, judge, markdown
 from tests.test_sync_upstream import commit_files
 
 

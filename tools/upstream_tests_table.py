@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from backports.megatron.upstream_verdict import markdown
+from backports.megatron.upstream_tests.judgement import markdown
 
 
 def _read(path: Path) -> dict[str, Any] | str:

@@ -19,8 +19,8 @@ from typing import Any
 
 from packaging.version import Version
 
-from ..children import child_path, run_python
 from ..evidence.fingerprints import module_file
+from ..interpreter.children import child_path, run_python
 from ..kinds.import_guard import ImportGuard
 from ..model import BackportSpec, SniffFailed, SniffResult
 

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     missing = [f"--{n}" for n in ("id", "pr", "repo", "target", "dest") if getattr(args, n) is None]
     if missing:
         raise BackportError(f"new needs {', '.join(missing)} (or --from-pr N --repo CLONE)")
-    from .. import scaffold  # reads the installed target: only a scaffold needs it
+    from ..authoring import scaffold  # reads the installed target: only a scaffold needs it
 
     target = scaffold.read_target(args.target)
     plan = scaffold.Scaffold(

@@ -33,7 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # git and a child pytest: only this command needs them
-    from .. import upstream_tests, upstream_verdict
+    from .. import upstream_tests
+    from ..upstream_tests import judgement as upstream_verdict
 
     result = upstream_tests.run(
         args.id,

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from .. import children
 from ..evidence.fingerprints import offering_imports
+from ..interpreter import children
 from ..kinds import Kind, TargetMissing, kind_of
 from ..local_changes import wrap_all
 from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec, SniffResult

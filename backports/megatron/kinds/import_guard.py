@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from ..children import child_path
 from ..evidence.fingerprints import distribution_of, import_environment, module_file, sha256_file
 from ..interpreter import import_hooks
+from ..interpreter.children import child_path
 from ..model import Target
 from ..session import SESSION
 from . import Part, Site

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import api
-from ..children import run_python
 from ..decision import sniff_vendored
 from ..errors import BackportError, BackportWarning
+from ..interpreter.children import run_python
 from ..kinds import kind_of
 from ..kinds.install import installed
 from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec

@@ -97,7 +97,7 @@ def builtin_prefix() -> str:
 def scaffold_texts() -> dict[str, str]:
     """The templates plain ``backports new`` writes its plugin from (``str.format`` texts
     keyed by file role); ``--from-pr`` writes the same layout."""
-    from ... import _scaffold_templates as t
+    from ..scaffold import templates as t
 
     return {
         "pyproject": t.PYPROJECT,

@@ -7,15 +7,13 @@ temporary folder, and pytest runs them twice against the installed megatron-core
 time in a child process: stock (``MEGATRON_BACKPORTS=0``, the start-up hook off) and with
 the backport (``apply(only=ID, strict=True)`` from a ``-p`` plugin before collection; the
 other backports skipped). One row per test, with each run's first error line
-(upstream_verdict.py says when a test counts). Each run has a time limit (its unfinished
+(judgement.py says when a test counts). Each run has a time limit (its unfinished
 tests are ``timed out``); ``--launcher torchrun`` runs it under ``torchrun
 --nproc_per_node 1`` for upstream's harness, which needs a process group. A SIGTERM stops
 the child and removes the temporary folder before this process ends.
 
 This module is the one place that reads the catalog and the vendored manifests.
 """
-
-from __future__ import annotations
 
 import os
 import signal
@@ -27,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import upstream_checkout
-from .errors import BackportError
-from .upstream_child import LAUNCHERS, RunResult, run_pytest
-from .upstream_verdict import Row, verdict
-from .upstream_verdict import document as _document
+from ..errors import BackportError
+from . import checkout as upstream_checkout
+from .child import LAUNCHERS, RunResult, run_pytest
+from .judgement import Row, verdict
+from .judgement import document as _document
 
 __all__ = ["LAUNCHERS", "Result", "Row", "document", "run", "run_upstream_tests", "verdict"]
 
@@ -55,8 +53,8 @@ _DECIDED_HERE = ("MEGATRON_BACKPORTS", "MEGATRON_BACKPORTS_SKIP", "MEGATRON_BACK
 
 
 def _recorded(backport_id: str) -> tuple[list[str], str]:
-    from .catalog import by_id
-    from .vendored import read_upstream
+    from ..catalog import by_id
+    from ..vendored import read_upstream
 
     try:
         spec = by_id(backport_id)
@@ -73,7 +71,7 @@ def _recorded(backport_id: str) -> tuple[list[str], str]:
 
 
 def _other_ids(backport_id: str) -> str:
-    from .catalog import entries  # the plugins' entries too: the hook would apply them
+    from ..catalog import entries  # the plugins' entries too: the hook would apply them
 
     return ",".join(spec.id for spec in entries() if spec.id != backport_id)
 

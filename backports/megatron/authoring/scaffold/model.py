@@ -1,6 +1,6 @@
 """What ``backports new`` is asked for (``Scaffold``) and what it read (``TargetInfo``).
 
-Apart from ``scaffold.py`` (the logic) and ``_scaffold_templates.py`` (the texts), which
+Apart from ``__init__.py`` (the logic) and ``templates.py`` (the texts), which
 both read these and so import each other not at all.
 """
 

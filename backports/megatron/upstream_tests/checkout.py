@@ -7,14 +7,12 @@ from a bundle (``tools/upstream_bundle.py``) is all they hold. Every failure is 
 the news (an unreadable repository), never a Python repr.
 """
 
-from __future__ import annotations
-
 import os
 import shutil
 import subprocess
 from pathlib import Path, PurePosixPath
 
-from .errors import BackportError
+from ..errors import BackportError
 
 __all__ = ["check_out", "files_for_tests", "resolve_commit"]
 

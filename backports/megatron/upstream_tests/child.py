@@ -7,8 +7,6 @@ directory: its working directory is the private folder and ``PYTHONSAFEPATH`` is
 every interpreter under it (torchrun's worker too) inherits.
 """
 
-from __future__ import annotations
-
 import contextlib
 import json
 import os

@@ -6,8 +6,6 @@ not the fix. A test that passes stock and fails with the backport is the backpor
 Every row keeps each run's first error line, so a reader sees why a test proves nothing.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any

@@ -34,14 +34,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from . import _scaffold_templates as t
-from .errors import BackportError
-from .evidence.versions import installed_version
-from .kinds.function import compiled_body
-from .scaffold_model import Scaffold, TargetInfo
-from .sync.fetch import checked_sha, expand_sha
-from .vendored import UpstreamToml, python_files_digest, render_upstream
-from .vendored.manifest import unsafe_text
+from ...errors import BackportError
+from ...evidence.versions import installed_version
+from ...kinds.function import compiled_body
+from ...sync.fetch import checked_sha, expand_sha
+from ...vendored import UpstreamToml, python_files_digest, render_upstream
+from ...vendored.manifest import unsafe_text
+from . import templates as t
+from .model import Scaffold, TargetInfo
 
 __all__ = ["Scaffold", "TargetInfo", "create", "read_target"]
 
@@ -210,8 +210,8 @@ def read_target(spec: str) -> TargetInfo:
 def _check_prefix(scaffold: Scaffold) -> None:
     """A plugin never takes a builtin's id, nor the builtin prefix unasked: the loader would
     withhold it (see plugins)."""
-    from .catalog import CATALOG
-    from .catalog._plugins import BUILTIN_PREFIX
+    from ...catalog import CATALOG
+    from ...catalog._plugins import BUILTIN_PREFIX
 
     if scaffold.id in {spec.id for spec in CATALOG}:
         raise BackportError(

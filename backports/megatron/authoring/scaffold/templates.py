@@ -4,7 +4,7 @@ Kept apart from ``scaffold.py`` so that the logic fits on a screen; ``values`` c
 every placeholder from a ``Scaffold``.
 """
 
-from .scaffold_model import Scaffold
+from .model import Scaffold
 
 __all__ = [
     "ENTRY",
