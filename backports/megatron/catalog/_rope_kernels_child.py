@@ -175,9 +175,11 @@ def main(argument: str) -> None:
             sets[label] = _run(addresses, data)
         except Exception as exc:
             sets[label] = {"error": f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"}
-    import megatron  # which copy the child judged (audit puts a candidate first on the path)
-
-    print("SNIFF " + json.dumps({"sets": sets, "megatron": next(iter(megatron.__path__))}))
+    # Which copy of megatron-core the child judged (audit puts a candidate first on the path):
+    # the kernels' modules imported it.
+    judged = sys.modules.get("megatron")
+    where = next(iter(judged.__path__)) if judged is not None else None
+    print("SNIFF " + json.dumps({"sets": sets, "megatron": where}))
 
 
 if __name__ == "__main__":
