@@ -67,10 +67,10 @@ def test_one_set_of_exit_statuses_for_the_commands_and_sync():
 # back end that is the command's own job. The job side only through _job.
 _ALLOWED = {"api", "report", "errors", "exit_status"}
 _OWN_BACK_END = {
-    "new": {"scaffold"},
+    "new": {"authoring"},
     "upstream_tests": {"upstream_tests"},
     "sync": {"sync"},
-    "_job": {"job_start", "activation"},
+    "_job": {"job"},
 }
 
 
