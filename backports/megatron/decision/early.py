@@ -20,7 +20,7 @@ from typing import Any
 from packaging.version import Version
 
 from ..evidence.fingerprints import module_file, sha256_file
-from ..evidence.versions import describe, installed_version, release_predates
+from ..evidence.versions import describe, first_release_missing, installed_versions
 from ..model import BackportSpec
 from ..report import Verdict
 from ..vendored import Integrity, drift_reason, read_upstream
@@ -109,19 +109,6 @@ def _provenance(upstream: Mapping[str, Any], integrity: Integrity) -> dict[str, 
     return {"upstream": provenance, "vendored": vendored}
 
 
-def _other_distributions(spec: BackportSpec) -> dict[str, dict[str, str | None]]:
-    """Version evidence of each distribution a later target lives in, beside the first's.
-    ``target_since`` dates the first target's distribution; the others must be installed."""
-    first = spec.target.distribution
-    others: dict[str, dict[str, str | None]] = {}
-    for target in spec.targets[1:]:
-        if target.distribution != first and target.distribution not in others:
-            others[target.distribution] = installed_version(
-                target.distribution, target.modules
-            ).to_dict()
-    return others
-
-
 def _defines(path: Path, attribute: str) -> bool:
     """Whether the source file ``path`` defines ``attribute`` ("name" or "Class.method") at
     its top level, read without importing it."""
@@ -157,7 +144,8 @@ def _predates(spec: BackportSpec, installed: Version, version: str) -> str | Non
     """Why the installed release (``version``, described) predates what the backport
     fixes, or None. Where an entry has several targets and the release holds some of them,
     the reason names the part it lacks."""
-    if release_predates(installed, spec.target_since):
+    predated = first_release_missing(installed, spec.target_since, spec.bug_since)
+    if predated == 0:
         present = _parts_present(spec) if len(spec.targets) > 1 else []
         if any(present) and not all(present):
             parts = list(zip(spec.targets, present, strict=True))
@@ -169,7 +157,7 @@ def _predates(spec: BackportSpec, installed: Version, version: str) -> str | Non
             )
         attributes = " and ".join(target.attribute for target in spec.targets)
         return f"{version} predates {spec.target_since}, the first release with {attributes}"
-    if spec.bug_since is not None and release_predates(installed, spec.bug_since):
+    if predated == 1:
         return (
             f"{version} predates {spec.bug_since}, the first release with the bug: it has "
             "the target and behaves as the fix does"
@@ -187,9 +175,13 @@ def early_evidence(spec: BackportSpec) -> Early:
     except Exception as exc:
         return Early(Verdict.INCOMPATIBLE, f"vendored code refused: {exc}", evidence)
     evidence.update(_provenance(upstream, integrity))
-    installed = installed_version(spec.target.distribution, spec.target.modules)
-    evidence["distribution"] = {"name": spec.target.distribution, **installed.to_dict()}
-    others = _other_distributions(spec)
+    # Every distribution a target lives in, read in one go; ``target_since`` dates the
+    # first target's, the others must be installed.
+    first = spec.target.distribution
+    read = installed_versions([(t.distribution, t.modules) for t in spec.targets])
+    installed = read.pop(first)
+    evidence["distribution"] = {"name": first, **installed.to_dict()}
+    others = {name: info.to_dict() for name, info in read.items()}
     if others:
         evidence["distributions"] = others
     drift = drift_reason(integrity, spec.id, str(upstream.get("origin") or ""))

@@ -19,8 +19,10 @@ from .one_look import remembered
 __all__ = [
     "InstalledVersion",
     "describe",
+    "first_release_missing",
     "installed_distribution",
     "installed_version",
+    "installed_versions",
     "release_predates",
 ]
 
@@ -30,6 +32,15 @@ def release_predates(version: Version, release: Version) -> bool:
     predate ``0.19`` (a pre-release of the first release with a target has the target),
     though it sorts before it. The pre-release, dev and local parts are left out."""
     return Version(version.base_version) < Version(release.base_version)
+
+
+def first_release_missing(version: Version, *releases: Version | None) -> int | None:
+    """The index of the first of ``releases`` that ``version`` predates (``release_predates``;
+    None entries skipped), or None: one question for "before the target? before the bug?"."""
+    for index, release in enumerate(releases):
+        if release is not None and release_predates(version, release):
+            return index
+    return None
 
 
 @dataclass(frozen=True)
@@ -193,6 +204,17 @@ def _distribution_package_dir(dist: importlib.metadata.Distribution, package: st
     found = dist.locate_file("/".join([*package.split("."), "__init__.py"]))
     path = Path(str(found))
     return path.resolve().parent if path.is_file() else None
+
+
+def installed_versions(
+    wanted: Sequence[tuple[str, Sequence[str]]],
+) -> dict[str, InstalledVersion]:
+    """``installed_version`` of each (distribution, modules), the first asked of each name."""
+    found: dict[str, InstalledVersion] = {}
+    for distribution, modules in wanted:
+        if distribution not in found:
+            found[distribution] = installed_version(distribution, modules)
+    return found
 
 
 def installed_version(distribution: str, modules: Sequence[str] = ()) -> InstalledVersion:
