@@ -12,8 +12,8 @@ import pytest
 
 import backports.megatron
 from backports.megatron import Action, Verdict, apply, status
-from backports.megatron.interpreter import children
 from backports.megatron.decision import sniffing, verdict_cache
+from backports.megatron.interpreter import children
 from backports.megatron.job import start_up
 from backports.megatron.model import SniffResult
 from tests.reports import report_for
