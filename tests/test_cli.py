@@ -4,6 +4,7 @@
 test_cli_process.py.
 """
 
+import errno
 import json
 import logging
 import site
@@ -47,6 +48,9 @@ def _without_hook(report: dict) -> dict:
 
 
 def test_status_json_is_status_plus_the_hook_state(tilelang_dsa, capsys, tmp_path):
+    # A first look imports every target and keeps the child sniffs' proof for the process:
+    # the two compared below then judge the same state (what ran, what is remembered).
+    status()
     code, out, _ = _main(capsys, "status", "--json", "--site-dir", str(tmp_path))
     assert code == 0
     reports = json.loads(out)
@@ -97,6 +101,43 @@ def test_after_apply_status_says_the_hook_installs_it(tilelang_dsa, capsys, star
         "only": None,
         "strict": False,
     }
+
+
+def test_an_earlier_versions_working_hook_still_counts_as_active(
+    tilelang_dsa, capsys, start_up_reads
+):
+    """After an in-place upgrade the old hook file still patches every new process (its line
+    calls ``_start_up``, the address every version keeps): status says so, and that a new
+    ``backports apply`` refreshes it, instead of ``would-install``."""
+    assert _main(capsys, "apply", "--site-dir", str(start_up_reads))[0] == 0
+    revert()
+    path = start_up_reads / hook_file.HOOK_FILE
+    old = path.read_text().replace("(megatron-backports ", "(megatron-backports 0.0.1, was ")
+    path.write_text(old)  # another version's comment line, the same working import line
+    (start_up_reads / START_FILE).unlink()  # written before PEP 829's twin existed
+    code, out, _ = _main(capsys, "status", "--site-dir", str(start_up_reads))
+    _header, *rows, hook = out.splitlines()
+    row = rows[[spec.id for spec in CATALOG].index(BACKPORT_ID)]
+    assert code == 0 and row.split()[3:5] == ["needed", "active-via-hook"]
+    assert hook == (
+        f"hook: {path} activates the backports in every new interpreter "
+        "(written by another version: `backports apply` refreshes it)"
+    )
+    path.write_text(old.replace("._start_up(", "._not_a_start_up("))  # a line that patches nothing
+    _code, out, _ = _main(capsys, "status", "--json", "--site-dir", str(start_up_reads))
+    assert report_for(json.loads(out), BACKPORT_ID)["action"] == "would-install"
+
+
+def test_revert_on_a_read_only_site_dir_without_a_hook_is_no_error(capsys, tmp_path, monkeypatch):
+    """Nothing to remove: nothing is unlinked (on a read-only file system unlinking a file that
+    is not there fails with EROFS, not FileNotFoundError; played here, as root writes anyway)."""
+
+    def read_only(self, missing_ok=False):  # type: ignore[no-untyped-def]
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    code, _out, err = _main(capsys, "revert", "--site-dir", str(tmp_path))
+    assert code == 0 and err == ""
 
 
 def test_a_hook_start_up_never_reads_activates_nothing(tilelang_dsa, capsys, tmp_path):

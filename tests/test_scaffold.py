@@ -190,6 +190,7 @@ def test_new_refuses_a_target_it_cannot_read(
         (["--package", 'x"\nimport os'], "--package"),
         (["--package", "x{id}"], "--package"),
         (["--package", "x\\y"], "--package"),
+        (["--package", "class"], "--package"),  # a keyword: the test it writes would not parse
     ],
 )
 def test_new_refuses_bad_arguments(

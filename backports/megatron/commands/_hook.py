@@ -29,7 +29,8 @@ class Hook:
 
     def applies(self, backport_id: str) -> bool:
         """Whether later processes apply ``backport_id`` through this hook."""
-        if not (self.current and self.runs_at_startup) or self.state.config is None:
+        working = self.current or self.state.working  # an earlier version's line patches too
+        if not (working and self.runs_at_startup) or self.state.config is None:
             return False
         only = self.state.config.get("only")
         return only is None or backport_id in only
@@ -76,11 +77,14 @@ def site_warning(folder: Path) -> list[str]:
 def status_note(hook: Hook, folder: Path) -> str:
     if not hook.state.exists and not hook.state.start_exists:
         return f"hook: none in {folder}: `backports apply` activates the backports at job start"
-    if not hook.current:
+    if not hook.current and not hook.state.working:
         return f"hook: {hook.files()} is stale or not ours: rerun `backports apply` to refresh it"
     only = (hook.state.config or {}).get("only")
     which = "the backports" if only is None else ", ".join(only)
-    return f"hook: {hook.files()} activates {which} in every new interpreter"
+    said = f"hook: {hook.files()} activates {which} in every new interpreter"
+    if not hook.current:
+        said += " (written by another version: `backports apply` refreshes it)"
+    return said
 
 
 def _installs_when(report: Report) -> str:

@@ -153,6 +153,10 @@ class HookState:
     config: dict[str, Any] | None = None
     current: bool = False
     start_exists: bool = False
+    # Its import line hands ``config`` to ``backports.megatron._start_up`` (the address every
+    # version's hook calls): it patches every new process even where it is not ``current``
+    # (written by an earlier version, before an in-place upgrade).
+    working: bool = False
 
     @property
     def start_path(self) -> Path:
@@ -199,7 +203,11 @@ def read_hook(
     current = _is_current(text, config, expected) and (
         start is not None and _is_current(start, config, expected_start)
     )
-    return HookState(path, True, config, current, start is not None)
+    working = config is not None and any(
+        line.startswith("import ") and "backports.megatron" in line and "._start_up(" in line
+        for line in text.splitlines()
+    )
+    return HookState(path, True, config, current, start is not None, working)
 
 
 def _is_current(text: str, config: dict[str, Any] | None, expected: ExpectedText | None) -> bool:
@@ -262,7 +270,10 @@ def remove_hook(site_dir: Path) -> tuple[HookState, bool]:
     ``status`` shows and a second ``revert`` removes, never a ``.start`` that runs unseen."""
     state = read_hook(site_dir)
     removed = False
-    for path in (state.start_path, state.path):
+    # Only what exists is unlinked: a read-only site-packages without a hook is no error.
+    for path, exists in ((state.start_path, state.start_exists), (state.path, state.exists)):
+        if not exists:
+            continue
         try:
             path.unlink()
         except FileNotFoundError:

@@ -27,6 +27,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import inspect
+import keyword
 import re
 import sys
 import textwrap
@@ -242,9 +243,13 @@ def _check(scaffold: Scaffold) -> None:
     if why is not None:
         raise BackportError(f"--repo {scaffold.repo!r} holds {why}: give a URL or a path")
     if scaffold.package is not None and not (
-        scaffold.package.isidentifier() and scaffold.package.isascii()
+        scaffold.package.isidentifier()
+        and scaffold.package.isascii()
+        and not keyword.iskeyword(scaffold.package)  # `import class` does not parse
     ):
-        raise BackportError(f"--package must be a Python name, not {scaffold.package!r}")
+        raise BackportError(
+            f"--package must be a Python name that is not a keyword, not {scaffold.package!r}"
+        )
     _check_prefix(scaffold)
     if scaffold.dest.exists() or scaffold.dest.is_symlink():
         raise BackportError(f"{scaffold.dest} exists: `backports new` never overwrites")
