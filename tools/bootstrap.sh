@@ -3,11 +3,15 @@
 # with torch and megatron-core 0.19.2 into it. Sourced by tools/run-job and tools/run-tests.
 #   PYTHON=/path/to/python3.12   interpreter to build the venv from (default: find 3.12)
 #   VENV=.venv                   where the venv lives
+#   BOOTSTRAP_EXTRA=dev          the extra to install: `runtime` (torch and megatron-core, what
+#                                tools/run-job sets) or `dev` (the test toolchain too: the default)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${VENV:-$ROOT/.venv}
 case "$VENV" in /*) ;; *) VENV=$ROOT/$VENV ;; esac
+EXTRA=${BOOTSTRAP_EXTRA:-dev}
+case "$EXTRA" in runtime|dev) ;; *) echo "[bootstrap] BOOTSTRAP_EXTRA=$EXTRA: runtime or dev" >&2; exit 2 ;; esac
 
 find_python() {
     if [ -n "${PYTHON:-}" ]; then echo "$PYTHON"; return; fi
@@ -39,10 +43,11 @@ fi
 install_problem() {
     [ -x "$VENV/bin/backports" ] || { echo "$VENV/bin/backports is missing"; return; }
     # -I: neither the caller's folder nor PYTHONPATH may stand in for the install.
-    "$VENV/bin/python" -I - "$ROOT" <<'PY' 2>&1 || true
+    "$VENV/bin/python" -I - "$ROOT" "$EXTRA" <<'PY' 2>&1 || true
 import importlib.metadata, importlib.util, sys
 from pathlib import Path
-for name in ("megatron-backports", "megatron-core", "torch", "pytest"):
+needed = ["megatron-backports", "megatron-core", "torch"] + (["pytest"] if sys.argv[2] == "dev" else [])
+for name in needed:
     try:
         importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
@@ -54,10 +59,14 @@ if origin is None or not Path(origin).resolve().is_relative_to(Path(sys.argv[1])
 PY
 }
 
+# The stamp names pyproject.toml's hash and the extra installed: a dev install serves the job
+# too, a runtime install does not serve the tests.
 stamp="$VENV/.megatron-backports-installed"
-want=$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    why="first install, or pyproject.toml changed"
+pyproject=$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)
+want="$pyproject $EXTRA"
+have=$(cat "$stamp" 2>/dev/null || true)
+if [ "$have" != "$want" ] && [ "$have" != "$pyproject dev" ]; then
+    why="first install, pyproject.toml changed, or the $EXTRA extra is not installed"
 else
     why=$(install_problem)
 fi
@@ -65,15 +74,15 @@ if [ -n "$why" ]; then
     log="$VENV/install.log"
     started=$SECONDS
     rm -f "$stamp"
-    echo "[bootstrap] installing megatron-backports[dev] into $VENV ($why)" >&2
-    echo "[bootstrap] the first time: torch and megatron-core 0.19.2, ~5.5 GB, ~90 s; full log: $log" >&2
+    echo "[bootstrap] installing megatron-backports[$EXTRA] into $VENV ($why)" >&2
+    echo "[bootstrap] the first time: torch and megatron-core 0.19.2 (a few GB, a minute or two); full log: $log" >&2
     : >"$log"
     # pip's own progress (a bar per download on a terminal; name and size otherwise) on
     # stderr, where the other set-up lines go; --log keeps pip's verbose log.
     echo "[bootstrap] step 1/2: pip" >&2
     if ! "$VENV/bin/python" -m pip install --log "$log" -q --upgrade pip 1>&2 ||
-       ! { echo "[bootstrap] step 2/2: megatron-backports[dev] and its dependencies" >&2
-           "$VENV/bin/python" -m pip install --log "$log" -e "$ROOT[dev]" 1>&2; }; then
+       ! { echo "[bootstrap] step 2/2: megatron-backports[$EXTRA] and its dependencies" >&2
+           "$VENV/bin/python" -m pip install --log "$log" -e "$ROOT[$EXTRA]" 1>&2; }; then
         echo "[bootstrap] pip install failed; full log: $log" >&2
         exit 1
     fi

@@ -1,0 +1,337 @@
+#!/usr/bin/env python3
+"""Write docs/performance.md from the benchmark JSON committed under benchmarks/results/.
+
+Every figure on the page is read from a JSON file a benchmark script wrote, and so is where it
+was measured (machine, date, commit, card): a field the script did not record reads "not
+recorded", never a value typed here. After a benchmark writes new JSON, re-run this script;
+``--check`` (run by tests/test_performance_doc.py) exits 1 while the page differs from what
+this script would write, so a stale page cannot be committed unnoticed.
+
+    python tools/performance_doc.py           # rewrite docs/performance.md
+    python tools/performance_doc.py --check   # exit 1 if it is out of date
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+PAGE = ROOT / "docs" / "performance.md"
+NOT_RECORDED = "not recorded"
+
+Json = dict[str, Any]
+
+
+def _get(data: Any, *keys: str) -> Any:
+    """``data[k1][k2]...``, or None where any level is missing (older JSON lacks fields)."""
+    for key in keys:
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
+def _text(value: Any) -> str:
+    return NOT_RECORDED if value in (None, "") else str(value)
+
+
+def _num(value: Any, digits: int = 2) -> str:
+    return "-" if not isinstance(value, int | float) else f"{value:,.{digits}f}"
+
+
+def _rel(value: Any) -> str:
+    """A relative difference, small or zero, in two significant digits."""
+    return "-" if not isinstance(value, int | float) else f"{value:.2g}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _where(machine: Any, date: Any, commit: Any, card: Any) -> str:
+    """The one provenance line under each section heading."""
+    return (
+        f"Measured on: machine {_text(machine)}; date {_text(date)}; "
+        f"commit {_text(commit)}; card {_text(card)}."
+    )
+
+
+# One renderer per results file: (file name, section title, what the script is, renderer).
+# A renderer gets the parsed JSON and returns the section's lines after the heading.
+
+
+def _cli_timing(after: Json) -> list[str]:
+    before = _load("cli_timing_before.json") or {}
+    machine = _get(after, "machine")
+    lines = [
+        _where(
+            f"{_get(machine, 'cpus')} CPUs, Python {_get(machine, 'python')}" if machine else None,
+            _get(after, "date"),
+            _get(after, "git", "commit"),
+            None,
+        ),
+        "",
+        f"`benchmarks/cli_timing.py`, median of {_text(_get(after, 'runs_per_case'))} runs per "
+        "case; cold = the verdict cache empty, warm = filled by the run before. The "
+        f"`before` column: {_text(_get(before, 'note'))}.",
+        "",
+    ]
+    rows = []
+    for case in sorted(_get(after, "medians") or {}):
+        now, was = _get(after, "medians", case), _get(before, "medians", case)
+        rows.append(
+            [
+                f"`{case}`",
+                _num(_get(now, "wall_s")),
+                _num(_get(now, "user_s")),
+                _num(_get(was, "wall_s")),
+            ]
+        )
+    return lines + _table(["command", "wall s", "user CPU s", "wall s before"], rows)
+
+
+def _startup(data: Json) -> list[str]:
+    lines = [
+        _where(
+            f"{_text(_get(data, 'machine'))}, Python {_text(_get(data, 'python'))}",
+            _get(data, "date"),
+            _get(data, "commit"),
+            None,
+        ),
+        "",
+        f"`benchmarks/startup.py`: `python -c pass`, median of {_text(_get(data, 'runs'))} "
+        "runs, in a venv as pip builds it with torch (`pip_built`) and in a bare venv holding "
+        "only this package (`bare`).",
+        "",
+    ]
+    rows = []
+    for venv in ("pip_built", "bare"):
+        medians = _get(data, "python_c_pass", venv, "median_ms") or {}
+        ratios = _get(data, "python_c_pass", venv, "ratio_to_no_hook") or {}
+        for case in medians:
+            rows.append([venv, f"`{case}`", _num(medians[case]), _num(ratios.get(case), 3)])
+    lines += _table(["venv", "case", "median ms", "x no hook"], rows)
+    target = _get(data, "target_import_after_shared_modules_median_ms")
+    if target:
+        lines += [
+            "",
+            f"In a process that imports megatron (median of {_text(_get(target, 'runs'))}): the "
+            f"hook adds {_num(_get(target, 'cpu', 'hook_adds'), 1)} ms of CPU at the target's "
+            f"import ({_num(_get(target, 'cpu', 'hook_cache_off_adds'), 1)} ms with the verdict "
+            f"cache off); megatron's own import takes {_num(_get(data, 'megatron_import_s'))} s.",
+        ]
+    return lines
+
+
+def _gpu_environment(env: Any) -> tuple[Any, Any]:
+    """(machine, card) from a GPU script's ``environment`` block."""
+    card = _get(env, "gpu") or _get(env, "device")
+    parts = [f"{k} {env[k]}" for k in ("torch", "tilelang", "megatron_core", "python") if k in env]
+    return (", ".join(parts) or None) if isinstance(env, dict) else None, card
+
+
+def _sparse_mla(data: Json) -> list[str]:
+    env = _get(data, "environment") or {}
+    machine, card = _gpu_environment(env)
+    dirty = " (uncommitted changes)" if _get(env, "commit_dirty") else ""
+    commit = _get(env, "commit")
+    lines = [
+        _where(machine, _get(env, "date"), f"{commit}{dirty}" if commit else None, card),
+        "",
+        "`benchmarks/sparse_mla.py`: #7617's fused sparse MLA, GPU time in ms (median of "
+        "CUDA-event timings), forward / forward+backward. Full table and plot: "
+        "[benchmarks/results/sparse_mla.md](../benchmarks/results/sparse_mla.md).",
+        "",
+    ]
+    variants = ["backport", "backport_upstream_only", "upstream_pr", "kernel", "dense"]
+
+    def cell(variant: Any) -> str:
+        fwd, both = _get(variant, "fwd", "median_ms"), _get(variant, "fwd_bwd", "median_ms")
+        if fwd is None:
+            return _text(_get(variant, "fwd", "status"))
+        return f"{_num(fwd)} / {_num(both)}"
+
+    rows = []
+    for section in _get(data, "sections") or []:
+        shape = f"{section.get('batch')} x {section.get('seq')}"
+        rows.append([shape] + [cell(_get(section, "variants", v)) for v in variants])
+    lines += _table(["batch x tokens"] + [f"`{v}`" for v in variants], rows)
+    compiled = _get(data, "compile_check")
+    if compiled:
+        lines += [
+            "",
+            f"Kernels compiled after batch 1: {_text(compiled.get('compiled_after_batch_1'))}.",
+        ]
+    return lines
+
+
+def _dsa_training(data: Json) -> list[str]:
+    env = _get(data, "environment", "backport") or {}
+    machine, card = _gpu_environment(env)
+    model = _get(data, "model") or {}
+    lines = [
+        _where(machine, _get(env, "date"), _get(env, "commit"), card),
+        "",
+        "`benchmarks/dsa_training.py` through megatron-core's own modules "
+        f"({_text(model.get('layers'))} layers, hidden {_text(model.get('hidden'))}, top-k "
+        f"{_text(model.get('topk'))}, {_text(model.get('steps'))} AdamW steps), with the "
+        "backport and stock (`MEGATRON_BACKPORTS=0`). Report: "
+        "[benchmarks/results/dsa_training.md](../benchmarks/results/dsa_training.md).",
+        "",
+    ]
+
+    def cell(run: Any) -> str:
+        if _get(run, "status") != "ok":
+            return _text(_get(run, "status"))
+        return (
+            f"{_text(_get(run, 'attention'))}, {_num(_get(run, 'tokens_per_s'), 0)} tokens/s, "
+            f"peak {_num(_get(run, 'peak_gib'), 1)} GiB"
+        )
+
+    rows = [
+        [_text(r.get("shape")), cell(r.get("backport")), cell(r.get("stock"))]
+        for r in _get(data, "rows") or []
+    ]
+    lines += _table(["tokens", "backport", "stock 0.19.2"], rows)
+    for shape, agree in (_get(data, "agreement") or {}).items():
+        lines += [
+            "",
+            f"At {shape} over {_text(agree.get('steps'))} steps: loss within "
+            f"{_rel(agree.get('max_loss_rel_diff'))} relative (bound "
+            f"{_text(agree.get('loss_rtol'))}), gradient norm within "
+            f"{_rel(agree.get('max_grad_norm_rel_diff'))} (bound "
+            f"{_text(agree.get('grad_norm_rtol'))}).",
+        ]
+    return lines
+
+
+def _gpu_tolerances(data: Json) -> list[str]:
+    worst = _get(data, "worst") or {}
+    lines = [
+        _where(None, _get(data, "date"), _get(data, "commit"), _get(data, "gpu")),
+        "",
+        f"`tests/gpu/`: the largest error seen per quantity over {len(_get(data, 'cases') or {})} "
+        "cases (relative to an FP32 reference; `*_vs_upstream_only`: local changes against "
+        f"upstream-only mode). Kernels compiled lazily: {_text(_get(data, 'lazy_compiles'))}.",
+        "",
+    ]
+    rows = [[f"`{k}`", f"{v:.2e}" if isinstance(v, float) else str(v)] for k, v in worst.items()]
+    return lines + _table(["quantity", "worst"], rows)
+
+
+def _from_pr(data: Json) -> list[str]:
+    machine = _get(data, "machine") or {}
+    lines = [
+        _where(
+            ", ".join(f"{k} {v}" for k, v in machine.items()) or None,
+            _get(data, "date"),
+            _get(data, "commit"),
+            None,
+        ),
+        "",
+        f"{_text(_get(data, 'what'))}; the Megatron-LM mirror's main at "
+        f"{_text(_get(data, 'mirror_main'))}.",
+        "",
+    ]
+    rows = [
+        [
+            f"#{_text(r.get('pr'))}",
+            _text(r.get("case")),
+            _text(r.get("exit")),
+            _num(r.get("wall_seconds"), 1),
+            _text(_get(r, "independent_check", "check_exit")),
+        ]
+        for r in _get(data, "runs") or []
+    ]
+    return lines + _table(["PR", "outcome", "exit", "wall s", "`backports check` exit"], rows)
+
+
+def _mutation(data: Json) -> list[str]:
+    lines = [
+        _where(
+            f"Python {_get(data, 'python')}" if _get(data, "python") else None,
+            _get(data, "date"),
+            # the script records "<short sha> <subject>": the commit is the first word
+            str(_get(data, "git_head") or "").split(" ")[0] or None,
+            None,
+        ),
+        "",
+        f"`{_text(_get(data, 'command')).strip()}`: each mutant is one small edit of the code; "
+        f"killed = a test failed. {_num(_get(data, 'seconds'), 0)} s in all.",
+        "",
+    ]
+    summary = _get(data, "summary") or {}
+    rows = [
+        [kind, _text(s.get("mutants")), _text(s.get("killed")), _text(s.get("survived"))]
+        for kind, s in summary.items()
+    ]
+    lines += _table(["mutants", "count", "killed", "survived"], rows)
+    survived = [m.get("id") for m in _get(data, "mutants") or [] if m.get("status") == "survived"]
+    if survived:
+        lines += ["", "Survived: " + ", ".join(f"`{m}`" for m in survived) + "."]
+    return lines
+
+
+SECTIONS: list[tuple[str, str, Callable[[Json], list[str]]]] = [
+    ("cli_timing_after.json", "`backports` commands (CPU)", _cli_timing),
+    ("startup.json", "The start-up hook's cost (CPU)", _startup),
+    ("sparse_mla.json", "#7617: fused sparse MLA (GPU)", _sparse_mla),
+    ("dsa_training.json", "#7617: DSA training through megatron-core (GPU)", _dsa_training),
+    ("gpu_tolerances.json", "GPU tests: numerical agreement", _gpu_tolerances),
+    ("from_pr.json", "`backports new --from-pr` on real pull requests (CPU)", _from_pr),
+    ("mutation.json", "Mutation testing: can the tests fail?", _mutation),
+]
+
+
+def _load(name: str) -> Json | None:
+    path = RESULTS / name
+    if not path.is_file():
+        return None
+    loaded = json.loads(path.read_text(encoding="utf-8"))
+    return loaded if isinstance(loaded, dict) else None
+
+
+def render() -> str:
+    lines = [
+        "# Performance",
+        "",
+        "<!-- Generated by tools/performance_doc.py from benchmarks/results/*.json: do not edit;",
+        "     re-run the benchmark, then `python tools/performance_doc.py`. -->",
+        "",
+        "Every figure below is read from the JSON a benchmark script wrote into",
+        "`benchmarks/results/`; so is where it was measured. A field the script did not record",
+        f'reads "{NOT_RECORDED}". GPU figures come from `tools/gpu_run.sh` on a CUDA host.',
+    ]
+    for name, title, section in SECTIONS:
+        lines += ["", f"## {title}", "", f"Source: `benchmarks/results/{name}`.", ""]
+        data = _load(name)
+        lines += section(data) if data is not None else ["No results committed yet."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--check", action="store_true", help="exit 1 if the page is stale")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        current = PAGE.read_text(encoding="utf-8") if PAGE.is_file() else ""
+        if current != text:
+            print(f"{PAGE.relative_to(ROOT)} is out of date: run tools/performance_doc.py")
+            return 1
+        return 0
+    PAGE.write_text(text, encoding="utf-8")
+    print(f"wrote {PAGE.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
