@@ -202,6 +202,9 @@ def test_a_decorated_static_method_is_replaced_on_its_class_and_put_back(tilelan
     # Through the live decorator (custom_bwd reads the context's autocast state), then ours.
     ctx = types.SimpleNamespace(_fwd_used_autocast=False, _dtype=None)
     assert owner.backward(ctx, "grad") == ("vendored", "grad")
+    # Resolved again while installed (status after apply): ours, over what the class held.
+    again = kind.resolve(BACKWARD, ID)
+    assert again.installed is live and again.held is held and again.foreign is None
     uninstall(ID)
     assert vars(owner)["backward"] is held
 
