@@ -83,7 +83,7 @@ def _ours(held: Any, backport_id: str) -> tuple[Any, Any]:
     """(what stood there before us, our replacement or None) for the object a site holds."""
     if getattr(held, "__backport__", None) == backport_id:
         # A staticmethod's own ``__wrapped__`` is its function: what stood before is on that.
-        inner = held.__func__ if isinstance(held, staticmethod) else held
+        inner: Any = held.__func__ if isinstance(held, staticmethod) else held
         return inner.__wrapped__, held
     return held, None
 
