@@ -211,10 +211,9 @@ def test_the_rebuilt_kernels_are_exact_and_stock_rewrites_rows(rope, pinned, mon
     # the dEMB sum over head blocks adds the next token's first heads (or what lies past dK).
     assert not stock["q_guard_intact"]
     assert wrong["emb_grad"], "stock 0.19.2 summed dEMB over exactly 12 heads"
-    # Where two programs race for the next token's first heads (q, its gradient, the key's
-    # rotary part), only its first OVERRUN heads can come out wrong.
-    for name in ("q", "q_grad", "key"):
-        assert {row[2] for row in wrong[name]} <= set(range(OVERRUN)), name
+    # Which heads come out wrong depends on how the programs that overrun race (on an H100,
+    # q_grad's wrong rows reach past the first OVERRUN heads): that some do is the claim.
+    assert any(wrong[name] for name in ("q", "q_grad", "key")), "stock 0.19.2 came out exact"
     counts = {name: len(rows) for name, rows in wrong.items()}
     print(f"\nstock 0.19.2, wrong [token, batch, head] rows: {counts}")
 

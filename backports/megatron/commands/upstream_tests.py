@@ -12,7 +12,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("id", metavar="ID", help="backport id, e.g. megatron-lm-6114")
     parser.add_argument("--repo", required=True, metavar="PATH", help="a Megatron-LM git clone")
     parser.add_argument("--sha", help="take the tests from this commit (default: the recorded)")
-    parser.add_argument("--json", action="store_true", help="print a JSON object")
+    # As every command's --json: the wing's main reads ``format`` (stdout holds the JSON alone).
+    parser.add_argument(
+        "--json", dest="format", action="store_const", const="json", help="print a JSON object"
+    )
     parser.add_argument(
         "--timeout",
         type=float,
