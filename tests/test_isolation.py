@@ -204,3 +204,29 @@ def test_apply_consults_the_verdict_status_kept_for_an_import_guard(monkeypatch,
     with pytest.warns(UserWarning, match="already has the fix"):
         (report,) = apply(MEGATRON_LM_6964.id)
     assert (report.verdict, report.action) == (Verdict.UPSTREAM, Action.SKIPPED)
+
+
+def test_a_folder_of_job_scripts_on_the_path_keeps_the_childs_proof(tmp_path, monkeypatch):
+    """`backports apply` (the console script: its bin/ first on the path) proves a child
+    sniff; a job started as `torchrun train.py` has train.py's folder first. That folder
+    offers nothing the child imports: the same key, the proof holds there. A folder that
+    offers `megatron` (a checkout) changes what the child imports: another key."""
+    from backports.megatron import decision
+    from backports.megatron.catalog import by_id
+
+    scripts = tmp_path / "job"
+    scripts.mkdir()
+    (scripts / "train.py").write_text("")
+    (scripts / "data_utils.py").write_text("")
+    checkout = tmp_path / "Megatron-LM"
+    (checkout / "megatron").mkdir(parents=True)
+    (checkout / "megatron" / "__init__.py").write_text("")
+    spec = by_id("megatron-lm-6890")
+    site = [p for p in sys.path if p.endswith("site-packages")]
+
+    def key_with(first: list[str]) -> list[str]:
+        monkeypatch.setattr(children, "child_path", lambda: [*first, *site])
+        return decision._child_path_key(spec)
+
+    assert key_with([str(scripts)]) == key_with([]) == site
+    assert key_with([str(checkout)]) == [str(checkout), *site]

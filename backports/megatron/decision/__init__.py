@@ -172,6 +172,18 @@ def cache_key(spec: BackportSpec, plugin: tuple[str, str] | None = None) -> dict
     return _cache_key(spec, kinds, located, early, in_child, plugin)
 
 
+# What a sniff's child imports besides the targets' own packages: a folder of the path that
+# offers none of these (a job's script folder, say) cannot change its answer.
+_CHILD_IMPORTS = ("backports", "torch", "triton", "numpy")
+
+
+def _child_path_key(spec: BackportSpec) -> list[str]:
+    """The folders of the children's path that offer what they import, for the cache key:
+    ``backports apply`` and a job started from a folder of its own scripts share a proof."""
+    tops = {module.partition(".")[0] for target in spec.targets for module in target.modules}
+    return offering_imports(children.child_path(), tops.union(_CHILD_IMPORTS))
+
+
 def _locate(spec: BackportSpec, kinds: Sequence[Kind], importing: bool) -> Any:
     """Every target resolved, in catalog order (a tuple); why one is absent (a str); or
     None while one waits for its module's import (``importing`` False)."""
@@ -246,7 +258,7 @@ def _cache_key(
             spec,
             early.hashes.every_file(),
             fingerprints,
-            child_path=offering_imports(children.child_path()) if in_child else None,
+            child_path=_child_path_key(spec) if in_child else None,
             plugin=plugin,
         )
     except Exception as exc:  # an optimisation only: never a reason to fail or to skip

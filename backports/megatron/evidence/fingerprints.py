@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -139,15 +139,38 @@ def _folder_contents(folder: str) -> list[Any]:
     return found
 
 
-def offering_imports(path: Sequence[str]) -> list[str]:
-    """The folders of ``path`` that offer an import something (a ``bin/`` folder of
-    scripts, an empty folder: none): where two interpreters' paths differ only by such
-    folders, they import the same things in the same order (read once per look)."""
-    return [folder for folder in path if _offers(folder)]
+def offering_imports(path: Sequence[str], names: Iterable[str] | None = None) -> list[str]:
+    """The folders of ``path`` that can change what a child imports: with ``names`` None,
+    every folder that offers an import of anything (a ``bin/`` folder of scripts, an empty
+    folder: none); else a folder that offers one of ``names`` (top-level names the child
+    imports) or a name another folder of ``path`` offers too (which comes first decides).
+    A job's own script folder (``train.py``, ``data_utils.py``) is then no part of it: the
+    proof ``backports apply`` keeps holds in the job (read once per look)."""
+    offered = [(folder, _offered(folder)) for folder in path]
+    if names is None:
+        return [folder for folder, found in offered if found]
+    counts: dict[str, int] = {}
+    for _, found in offered:
+        for name in found:
+            counts[name] = counts.get(name, 0) + 1
+    wanted = frozenset(names)
+    return [
+        folder
+        for folder, found in offered
+        if not found.isdisjoint(wanted) or any(counts[name] > 1 for name in found)
+    ]
 
 
-def _offers(folder: str) -> bool:
-    return remembered(("fingerprints", "offers", folder), lambda: bool(_folder_contents(folder)))
+def _offered(folder: str) -> frozenset[str]:
+    """The top-level names a folder offers: "torch", "six.py" -> "six", "x.cpython-312.so"
+    -> "x"; a distribution's metadata folder by its project name."""
+    return remembered(
+        ("fingerprints", "offers", folder),
+        lambda: frozenset(
+            item.partition(".")[0] if isinstance(item, str) else str(item[0]).partition("-")[0]
+            for item in _folder_contents(folder)
+        ),
+    )
 
 
 def _read_import_environment() -> str:
