@@ -94,6 +94,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/sniff_costs.json")
     args = parser.parse_args()
     code = _provenance.code_folder()
+    git = _provenance.git_state(code)  # at the start: the code the runs measure
     started, load_before = _provenance.now(), _provenance.load_average()
     with tempfile.TemporaryDirectory(prefix="sniff-costs-") as tmp:
         # Nothing a sniff might cache lands in the user's cache; children start in a
@@ -128,7 +129,7 @@ def main() -> None:
             "note": "2 cores shared with other engineers' test runs: wall times include their load",
         },
         "code": str(code),
-        "git": _provenance.git_state(code),
+        "git": git,
         "megatron_core": _provenance.megatron_core_version(),
         "python": sys.version.split()[0],
         "runs": args.runs,

@@ -90,6 +90,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/status_entries.json")
     args = parser.parse_args()
     code = _provenance.code_folder()
+    git = _provenance.git_state(code)  # at the start: the code the runs measure
     started = _provenance.now()
     load_before = _provenance.load_average()
     runs: dict[str, list[dict[str, Any]]] = {case: [] for case in CASES}
@@ -125,7 +126,7 @@ def main() -> None:
             "their load; CPU (user+sys) is less sensitive to it",
         },
         "code": str(code),
-        "git": _provenance.git_state(code),
+        "git": git,
         "megatron_core": _provenance.megatron_core_version(),
         "runs_per_case": args.runs,
         "medians": medians,
