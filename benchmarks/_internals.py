@@ -20,10 +20,12 @@ __all__ = [
     "BackportSpec",
     "SniffResult",
     "by_id",
+    "entry_of_plugin",
     "in_child",
     "installed_code",
     "resolve",
     "sniff_on_vendored",
+    "vendored_code",
 ]
 
 
@@ -53,3 +55,25 @@ def sniff_on_vendored(
     if module is None:
         module = vendored_module(spec.vendored)
     return sniff_vendored(spec, module, upstream_only=True, targets=resolved)
+
+
+def vendored_code(spec: BackportSpec) -> ModuleType:
+    """The entry's vendored module (a plugin's: the one its own folder holds)."""
+    return vendored_module(spec.vendored)
+
+
+def entry_of_plugin(backport_id: str) -> BackportSpec:
+    """A plugin's entry by id: from the catalog, else (withheld there, say for sharing a
+    builtin's targets) straight from its entry point's ``SPEC``."""
+    try:
+        return by_id(backport_id)
+    except KeyError:
+        pass
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group="megatron_backports"):
+        loaded = point.load()
+        spec = getattr(loaded, "SPEC", loaded)
+        if isinstance(spec, BackportSpec) and spec.id == backport_id:
+            return spec
+    raise KeyError(f"no plugin entry {backport_id!r} among the installed entry points")
