@@ -8,9 +8,12 @@ resolves them (the first resolve imports their modules: timed apart, as ``import
 ``spec.sniff`` on the installed code, called directly in this thread: one warm-up, then
 ``--runs`` timed runs (wall and this process's CPU, ``time.process_time``: torch's threads
 included), the median kept. An entry whose sniff starts child interpreters (#6964's import
-guard, #6890's Triton child: ``sniff_in_child``) is timed ``--child-runs`` times without a
-warm-up (every run starts fresh children), its CPU including the children's
-(``RUSAGE_CHILDREN`` deltas). Beside it, the same sniff on the entry's vendored code
+guard, #6890's Triton child: ``sniff_in_child``) keeps what its children saw for the rest
+of its process (a second call costs nothing), so each of its ``--child-runs`` runs is a
+fresh interpreter of this script (``-P``, cwd a private folder) timing one first call, the
+children's CPU included (``RUSAGE_CHILDREN`` deltas); the vendored code's sniff is timed
+right after in that process, as ``status`` runs it (#6890's child judges both sets at
+once). Beside it, the same sniff on the entry's vendored code
 (upstream-only, as ``status`` runs it after a ``needed``: the replacement built, the sniff
 in a thread of its own), timed the same way. Writes
 ``benchmarks/results/sniff_costs.json`` with the machine, load average, commit and date.
@@ -23,14 +26,13 @@ import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import _provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,15 +59,47 @@ def _verdict(result: Any) -> str:
 
 
 def _series(call: Callable[[], Any], runs: int, warm_up: bool) -> dict[str, Any]:
-    if warm_up:
-        call()
+    first = _timed(call)[0] if warm_up else None
     timed, verdicts = [], set()
     for _ in range(runs):
         measured, result = _timed(call)
         timed.append(measured)
         verdicts.add(_verdict(result))
     median = {key: round(statistics.median(t[key] for t in timed), 4) for key in timed[0]}
-    return {"median": median, "runs": timed, "verdict": " / ".join(sorted(verdicts))}
+    series = {"median": median, "runs": timed, "verdict": " / ".join(sorted(verdicts))}
+    return {"warm_up": first, **series} if first else series
+
+
+def _first_calls(backport_id: str) -> dict[str, Any]:
+    """In a fresh interpreter of this script: the first sniff on the installed code, then
+    on the vendored code."""
+    import _internals
+
+    spec = _internals.by_id(backport_id)
+    resolved = _internals.resolve(spec)
+    stock = _internals.installed_code(spec, resolved)
+    installed, first = _timed(lambda: spec.sniff(stock))
+    vendored, second = _timed(lambda: _internals.sniff_on_vendored(spec, resolved))
+    return {
+        "installed": {**installed, "verdict": _verdict(first)},
+        "vendored": {**vendored, "verdict": _verdict(second)},
+    }
+
+
+def _in_fresh_interpreters(backport_id: str, runs: int) -> tuple[dict[str, Any], ...]:
+    argv = [sys.executable, "-P", str(Path(__file__).resolve()), "--first-call", backport_id]
+    seen = []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory(prefix="sniff-cost-child-") as cwd:
+            done = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, check=True)
+        seen.append(json.loads(done.stdout.splitlines()[-1]))
+    series = []
+    for side in ("installed", "vendored"):
+        timed = [{k: v for k, v in run[side].items() if k != "verdict"} for run in seen]
+        median = {key: round(statistics.median(t[key] for t in timed), 4) for key in timed[0]}
+        verdicts = " / ".join(sorted({run[side]["verdict"] for run in seen}))
+        series.append({"median": median, "runs": timed, "verdict": verdicts})
+    return tuple(series)
 
 
 def measure(spec: Any, runs: int, child_runs: int) -> dict[str, Any]:
@@ -74,9 +108,11 @@ def measure(spec: Any, runs: int, child_runs: int) -> dict[str, Any]:
     imported, resolved = _timed(lambda: _internals.resolve(spec))
     stock = _internals.installed_code(spec, resolved)
     child = _internals.in_child(spec)
-    count, warm_up = (child_runs, False) if child else (runs, True)
-    installed = _series(lambda: spec.sniff(stock), count, warm_up)
-    vendored = _series(lambda: _internals.sniff_on_vendored(spec, resolved), count, warm_up)
+    if child:
+        installed, vendored = _in_fresh_interpreters(spec.id, child_runs)
+    else:
+        installed = _series(lambda: spec.sniff(stock), runs, warm_up=True)
+        vendored = _series(lambda: _internals.sniff_on_vendored(spec, resolved), runs, True)
     return {
         "id": spec.id,
         "sniff_in_child": child,
@@ -89,10 +125,18 @@ def measure(spec: Any, runs: int, child_runs: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=7)
-    parser.add_argument("--child-runs", type=int, default=2)
+    parser.add_argument("--child-runs", type=int, default=3)
+    parser.add_argument("--first-call", help=argparse.SUPPRESS)  # a fresh interpreter's part
     parser.add_argument("--only", nargs="+", default=None)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/sniff_costs.json")
     args = parser.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # run with -P: this folder, named
+    import _provenance
+
+    if args.first_call:
+        os.environ["MEGATRON_BACKPORTS_CACHE_DIR"] = str(Path.cwd() / "cache")
+        print(json.dumps(_first_calls(args.first_call)))
+        return
     code = _provenance.code_folder()
     git = _provenance.git_state(code)  # at the start: the code the runs measure
     started, load_before = _provenance.now(), _provenance.load_average()
