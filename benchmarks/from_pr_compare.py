@@ -5,13 +5,20 @@
 
 SCRATCH is a folder outside the repository (never committed). Missing pieces are made
 there, found there on a rerun: ``Megatron-LM.git``, a ``git clone --mirror`` of the local
-mirror of NVIDIA/Megatron-LM; ``plugin-N``, what ``python -P -m backports.megatron new
---from-pr N --repo SCRATCH/Megatron-LM.git --dest SCRATCH/plugin-N`` writes, run with
-``MEGATRON_BACKPORTS_SKIP=megatron-lm-N`` (the derivation's contract kit refuses a plugin
-whose targets an enabled builtin also patches: "never installs while megatron-lm-N does"),
-and ``--keep-unfinished`` (a plugin whose proof fails only on that overlap still carries
-its derived sniff), its outcome in ``plugin-N.log`` (a refusal is recorded by its last
-line, and whether the plugin was kept unfinished). A written plugin
+mirror of NVIDIA/Megatron-LM; ``plugin-N``, what ``backports new --from-pr N --repo
+SCRATCH/Megatron-LM.git --dest SCRATCH/plugin-N`` writes, its output in ``plugin-N.log``
+(a refusal is recorded by its last line).
+
+The derivation runs where the builtin of the same pull request does not exist: its proof
+refuses a plugin whose targets an enabled builtin also patches ("never installs while
+megatron-lm-N does"), and its children drop ``MEGATRON_BACKPORTS_*``, so
+``MEGATRON_BACKPORTS_SKIP`` cannot reach them. So ``without-N/`` holds a copy of this
+checkout's ``backports.megatron`` (and its vendored folders) less
+``catalog/megatron_lm_N.py``, and ``venv-N/`` a bare virtual environment whose only path
+file names that copy, then the running interpreter's site-packages (torch, megatron-core;
+this checkout's editable finder is a path file there, so it is not read). The derivation
+is ``venv-N/bin/python -P -m backports.megatron new --from-pr ...`` with cwd SCRATCH.
+A written plugin
 is pip-installed (``--no-deps --target SCRATCH/site-N``), then a child interpreter (``-P``,
 this folder put on its path explicitly, cwd SCRATCH, that site on ``PYTHONPATH``) runs
 four sniffs on the targets resolved as the decision resolves them:
@@ -59,37 +66,55 @@ def _clone(scratch: Path, mirror: Path) -> Path:
     return clone
 
 
+def _without_builtin(number: int, scratch: Path) -> Path:
+    """A Python whose ``backports.megatron`` lacks the builtin megatron-lm-N (see above)."""
+    import shutil
+    import sysconfig
+
+    code = scratch / f"without-{number}"
+    package = code / "backports" / "megatron"
+    if not package.is_dir():
+        ignore = shutil.ignore_patterns("__pycache__")
+        shutil.copytree(ROOT / "backports" / "megatron", package, ignore=ignore)
+        shutil.copytree(ROOT / "vendor", package / "_vendor", ignore=ignore)
+        (package / "catalog" / f"megatron_lm_{number}.py").unlink()
+    venv = scratch / f"venv-{number}"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        purelib = subprocess.run(
+            [str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        here = sysconfig.get_paths()["purelib"]
+        Path(purelib, "measure_without_builtin.pth").write_text(f"{code}\n{here}\n")
+    return python
+
+
 def _derive(number: int, clone: Path, scratch: Path) -> dict[str, Any]:
     """The plugin for ``number`` (derived now unless SCRATCH/plugin-N is there)."""
     dest, log = scratch / f"plugin-{number}", scratch / f"plugin-{number}.log"
     if dest.is_dir():
         return {"derived": "earlier (found in the scratch folder)", "written": True}
-    argv = [sys.executable, "-P", "-m", "backports.megatron", "new", "--from-pr", str(number)]
-    # --keep-unfinished: a plugin whose proof fails only because the builtin of the same
-    # pull request patches the same targets still carries the derived sniff to compare.
-    argv += ["--repo", str(clone), "--dest", str(dest), "--keep-unfinished"]
-    skip = f"megatron-lm-{number}"
+    python = _without_builtin(number, scratch)
+    argv = [str(python), "-P", "-m", "backports.megatron", "new", "--from-pr", str(number)]
+    argv += ["--repo", str(clone), "--dest", str(dest)]
     start = time.monotonic()
-    done = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        cwd=scratch,
-        env=_env(scratch, MEGATRON_BACKPORTS_SKIP=skip),
-    )
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=scratch, env=_env(scratch))
     wall = round(time.monotonic() - start, 1)
     log.write_text(done.stdout + done.stderr)
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     result = {
         "derived": "now",
-        "argv_env": f"MEGATRON_BACKPORTS_SKIP={skip}",
+        "environment": f"backports.megatron without catalog/megatron_lm_{number}.py",
         "exit": done.returncode,
         "wall_s": wall,
         "written": dest.is_dir(),
     }
     if done.returncode != 0:
         result["refusal"] = lines[-1] if lines else "(no output)"
-        result["kept_unfinished"] = dest.is_dir()
     return result
 
 
