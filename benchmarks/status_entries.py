@@ -1,0 +1,160 @@
+"""``backports status`` with all 11 builtin entries against 7 (the four of issue 35
+skipped), verdict cache cold and warm: issue 35's "at most 20% slower warm".
+
+    python benchmarks/status_entries.py [--runs 3] [--warm-only] [--out PATH]
+
+Each run is the CLI as a user runs it, in a fresh interpreter: ``python -m
+backports.megatron status --json`` with the running interpreter, its working directory a
+new empty temporary folder. Four cases:
+
+- ``11 cold`` / ``7 cold``: ``MEGATRON_BACKPORTS_CACHE_DIR`` a new empty folder;
+- ``11 warm`` / ``7 warm``: a folder the same case filled in a run before the timed ones;
+- ``7``: ``MEGATRON_BACKPORTS_SKIP`` names #6010, #6099, #6624 and #6890.
+
+The cases are interleaved, each round in random order, so the load of a shared machine
+falls on every case alike; ``--runs`` rounds, the median taken. Per run: the wall time and
+the user + system CPU of the child and everything it waited for (``RUSAGE_CHILDREN``
+deltas: #6964's and #6890's sniff children on a cold cache), the exit status and the
+verdicts ``status --json`` printed. Writes ``benchmarks/results/status_entries.json``
+with the machine, the load average before and after, the commit and the date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import _provenance
+
+ROOT = Path(__file__).resolve().parents[1]
+NEW_IN_ISSUE_35 = ("megatron-lm-6010", "megatron-lm-6099", "megatron-lm-6624", "megatron-lm-6890")
+CASES = ("11 cold", "11 warm", "7 cold", "7 warm")
+GOAL = 1.20  # warm with 11 entries: at most 20% slower than warm with 7
+
+
+def _env(entries: str, cache_dir: Path) -> dict[str, str]:
+    env = {**os.environ, "MEGATRON_BACKPORTS_CACHE_DIR": str(cache_dir), "COLUMNS": "200"}
+    for name in ("MEGATRON_BACKPORTS_CACHE", "MEGATRON_BACKPORTS_SKIP", "PYTHONPATH"):
+        env.pop(name, None)
+    if entries == "7":
+        env["MEGATRON_BACKPORTS_SKIP"] = ",".join(NEW_IN_ISSUE_35)
+    return env
+
+
+def _timed(entries: str, cache_dir: Path, scratch: Path) -> dict[str, Any]:
+    argv = [sys.executable, "-m", "backports.megatron", "status", "--json"]
+    with tempfile.TemporaryDirectory(dir=scratch) as cwd:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        done = subprocess.run(
+            argv, env=_env(entries, cache_dir), cwd=cwd, capture_output=True, text=True
+        )
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"status exited {done.returncode}:\n{done.stderr[-2000:]}")
+    listed = json.loads(done.stdout)
+    verdicts = collections.Counter(entry["verdict"] for entry in listed)
+    hits = sum(1 for e in listed if (e.get("evidence", {}).get("cache") or {}).get("hit"))
+    user = after.ru_utime - before.ru_utime
+    system = after.ru_stime - before.ru_stime
+    return {
+        "wall_s": round(wall, 3),
+        "user_s": round(user, 3),
+        "sys_s": round(system, 3),
+        "cpu_s": round(user + system, 3),
+        "exit": done.returncode,
+        "verdicts": dict(sorted(verdicts.items())),
+        "cache_hits": hits,
+    }
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float:
+    return round(statistics.median(run[key] for run in runs), 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/status_entries.json")
+    parser.add_argument(
+        "--warm-only", action="store_true", help="only the two warm cases (the goal's)"
+    )
+    args = parser.parse_args()
+    code = _provenance.code_folder()
+    git = _provenance.git_state(code)  # at the start: the code the runs measure
+    started = _provenance.now()
+    load_before = _provenance.load_average()
+    cases = [case for case in CASES if not args.warm_only or case.endswith("warm")]
+    runs: dict[str, list[dict[str, Any]]] = {case: [] for case in cases}
+    with tempfile.TemporaryDirectory(prefix="status-entries-") as tmp:
+        scratch = Path(tmp)
+        warm = {entries: scratch / f"warm-{entries}" for entries in ("11", "7")}
+        fill = {entries: _timed(entries, folder, scratch) for entries, folder in warm.items()}
+        order = list(cases)
+        for round_number in range(args.runs):
+            random.shuffle(order)
+            for case in order:
+                entries, cache = case.split()
+                folder = warm[entries]
+                if cache == "cold":
+                    folder = scratch / f"cold-{entries}-{round_number}"
+                runs[case].append(_timed(entries, folder, scratch))
+                print(f"round {round_number + 1}: {case:8} {runs[case][-1]['wall_s']:7.2f} s")
+    medians = {
+        case: {key: _median(timed, key) for key in ("wall_s", "user_s", "sys_s", "cpu_s")}
+        for case, timed in runs.items()
+    }
+    ratio_wall = medians["11 warm"]["wall_s"] / medians["7 warm"]["wall_s"]
+    ratio_cpu = medians["11 warm"]["cpu_s"] / medians["7 warm"]["cpu_s"]
+    result: dict[str, Any] = {
+        "what": "python -m backports.megatron status --json, fresh interpreter, cwd a new temp "
+        "folder; 7 = MEGATRON_BACKPORTS_SKIP=" + ",".join(NEW_IN_ISSUE_35),
+        "date": started,
+        "machine": {
+            **_provenance.machine(),
+            "load_average_before": load_before,
+            "load_average_after": _provenance.load_average(),
+            "note": "2 cores shared with other engineers' test runs: wall times include "
+            "their load; CPU (user+sys) is less sensitive to it",
+        },
+        "code": str(code),
+        "git": git,
+        "megatron_core": _provenance.megatron_core_version(),
+        "runs_per_case": args.runs,
+        "medians": medians,
+        "goal": {
+            "warm 11 / warm 7, wall": round(ratio_wall, 3),
+            "warm 11 / warm 7, cpu": round(ratio_cpu, 3),
+            "at most": GOAL,
+            "met (wall)": ratio_wall <= GOAL,
+            "met (cpu)": ratio_cpu <= GOAL,
+        },
+        "cache_fill_runs": fill,
+        "runs": runs,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\n{'case':8} {'wall s':>8} {'user s':>8} {'sys s':>8}   (median of {args.runs})")
+    for case, median in medians.items():
+        print(f"{case:8} {median['wall_s']:8.2f} {median['user_s']:8.2f} {median['sys_s']:8.2f}")
+    load_after = result["machine"]["load_average_after"]
+    print(
+        f"warm 11 / warm 7: wall {ratio_wall:.2f}, cpu {ratio_cpu:.2f} "
+        f"(goal <= {GOAL:.2f}); load average {load_before} -> {load_after}"
+    )
+
+
+if __name__ == "__main__":
+    main()
