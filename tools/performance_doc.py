@@ -280,6 +280,68 @@ def _mutation(data: Json) -> list[str]:
     return lines
 
 
+def _machine_line(data: Json) -> str:
+    machine = _get(data, "machine") or {}
+    shown = {k: machine.get(k) for k in ("cpu_count", "platform", "load_average_before")}
+    text = ", ".join(f"{k} {v}" for k, v in shown.items() if v is not None) or None
+    return _where(text, _get(data, "date"), _get(data, "git", "commit"), None)
+
+
+def _status_entries(data: Json) -> list[str]:
+    lines = [_machine_line(data), "", f"{_text(_get(data, 'what'))}.", ""]
+    rows = [
+        [case, _num(m.get("wall_s"), 2), _num(m.get("cpu_s"), 2)]
+        for case, m in sorted((_get(data, "medians") or {}).items())
+    ]
+    goal = _get(data, "goal") or {}
+    lines += _table(["case (median)", "wall s", "CPU s (user+sys)"], rows)
+    lines += ["", "Goal: " + ", ".join(f"{k}: {v}" for k, v in goal.items()) + "."]
+    return lines
+
+
+def _sniff_costs(data: Json) -> list[str]:
+    lines = [_machine_line(data), "", f"{_text(_get(data, 'what'))}.", ""]
+    rows = []
+    for entry in _get(data, "entries") or []:
+        installed = entry.get("installed") or {}
+        vendored = entry.get("vendored_upstream_only") or {}
+        wall = _get(installed, "median", "wall_s")
+        child = _get(installed, "median", "children_cpu_s")
+        rows.append(
+            [
+                f"`{_text(entry.get('id'))}`",
+                "child" if entry.get("sniff_in_child") else "in process",
+                _num(wall * 1000 if isinstance(wall, int | float) else None, 2),
+                _num(child, 2),
+                _text(installed.get("verdict")),
+                _text(vendored.get("verdict")),
+            ]
+        )
+    header = ["entry", "where", "installed: median ms", "children CPU s", "installed", "vendored"]
+    return lines + _table(header, rows)
+
+
+def _from_pr_vs_handwritten(data: Json) -> list[str]:
+    lines = [_machine_line(data), "", f"{_text(_get(data, 'what'))}.", ""]
+    rows = []
+    for r in _get(data, "results") or []:
+        sniffs = r.get("sniffs") or {}
+        hand, derived = sniffs.get("handwritten") or {}, sniffs.get("derived") or {}
+        rows.append(
+            [
+                f"#{_text(r.get('pr'))}",
+                _text(r.get("exit")),
+                _text(derived.get("route")),
+                f"{_text(_get(hand, 'installed_0_19_2', 'verdict'))} / "
+                f"{_text(_get(derived, 'installed_0_19_2', 'verdict'))}",
+                f"{_text(_get(hand, 'own_merged_code', 'verdict'))} / "
+                f"{_text(_get(derived, 'own_merged_code', 'verdict'))}",
+            ]
+        )
+    header = ["PR", "derivation exit", "route", "0.19.2: hand / derived", "merged: hand / derived"]
+    return lines + _table(header, rows)
+
+
 SECTIONS: list[tuple[str, str, Callable[[Json], list[str]]]] = [
     ("cli_timing_after.json", "`backports` commands (CPU)", _cli_timing),
     ("startup.json", "The start-up hook's cost (CPU)", _startup),
@@ -287,6 +349,22 @@ SECTIONS: list[tuple[str, str, Callable[[Json], list[str]]]] = [
     ("dsa_training.json", "#7617: DSA training through megatron-core (GPU)", _dsa_training),
     ("gpu_tolerances.json", "GPU tests: numerical agreement", _gpu_tolerances),
     ("from_pr.json", "`backports new --from-pr` on real pull requests (CPU)", _from_pr),
+    (
+        "from_pr_vs_handwritten.json",
+        "Derived sniffs against the handwritten ones (CPU)",
+        _from_pr_vs_handwritten,
+    ),
+    (
+        "status_entries_warm.json",
+        "`backports status`, 11 entries against 7, warm (CPU)",
+        _status_entries,
+    ),
+    (
+        "status_entries.json",
+        "`backports status`, 11 entries against 7, cold and warm (CPU)",
+        _status_entries,
+    ),
+    ("sniff_costs.json", "Each sniff's cost on megatron-core 0.19.2 (CPU)", _sniff_costs),
     ("mutation.json", "Mutation testing: can the tests fail?", _mutation),
 ]
 

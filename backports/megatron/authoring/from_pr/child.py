@@ -6,20 +6,36 @@ folders it needs: this package's and the staged plugin's. Tools started as comma
 (pip, ``backports``) get ``-P`` and ``PYTHONPATH`` instead, since they need an environment.
 """
 
-from __future__ import annotations
-
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Done", "package_root", "run_command", "run_module"]
+__all__ = ["Done", "package_root", "run_command", "run_module", "skipping"]
 
 # Variables that would change what a child does behind the derivation's back.
 _SCRUBBED_PREFIXES = ("MEGATRON_BACKPORTS", "PYTHON", "BACKPORTS_UPSTREAM_TESTS")
+
+# Builtin entries the derivation's children skip (``skipping``): a builtin that carries the
+# same pull request patches the same targets and installs first, so the plugin is proven
+# where that builtin is off, as a user who prefers the plugin runs it.
+_SKIPPED: list[str] = []
+
+
+@contextlib.contextmanager
+def skipping(ids: list[str]) -> Iterator[None]:
+    """Every child started inside runs with ``MEGATRON_BACKPORTS_SKIP`` naming ``ids``."""
+    before = list(_SKIPPED)
+    _SKIPPED[:] = ids
+    try:
+        yield
+    finally:
+        _SKIPPED[:] = before
 
 
 def package_root() -> Path:
@@ -44,6 +60,8 @@ class Done:
 def _environment(scratch: Path, extra_path: list[Path] | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUBBED_PREFIXES)}
     env["MEGATRON_BACKPORTS_CACHE_DIR"] = str(scratch / "verdict-cache")
+    if _SKIPPED:
+        env["MEGATRON_BACKPORTS_SKIP"] = ",".join(_SKIPPED)
     env["XDG_CACHE_HOME"] = str(scratch / "cache")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     if extra_path:

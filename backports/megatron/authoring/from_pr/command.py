@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from . import _tool
+from . import _tool, child
 from .budget import check_budget
 from .clone import open_clone
 from .derivation import Derivation, Names
@@ -194,7 +194,13 @@ def run(args: argparse.Namespace) -> int:
         d = Derivation(
             names, clone_path, clone.origin_url(), f"{installed.name} {installed.version}"
         )
-        with _scratch() as scratch:
+        same = [i for i in sorted(_tool.builtin_ids()) if i == f"megatron-lm-{args.from_pr}"]
+        if same:
+            print(
+                f"note: {same[0]} (builtin) carries #{args.from_pr} and installs first: the "
+                f"plugin is proven, and installs, where MEGATRON_BACKPORTS_SKIP={same[0]}"
+            )
+        with _scratch() as scratch, child.skipping(same):
             staging = scratch / "plugin"
             try:
                 _derive(d, args.from_pr, scratch, staging, args.keep_unfinished)
