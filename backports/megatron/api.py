@@ -181,8 +181,9 @@ def apply(
 def apply_in_job(only: tuple[str, ...] | None = None, strict: bool = False) -> list[Report]:
     """``apply`` as the start-up hook runs it in every process of a job: a sniff that starts
     child interpreters is not run (the verdict cache answers, or the backport waits for its
-    proof, saying so once)."""
-    return _apply(only, strict, None, child_sniffs=False)
+    proof, saying so once), unless the cache is off (``MEGATRON_BACKPORTS_CACHE=0``): then
+    there is no proof to wait for, and each process runs it."""
+    return _apply(only, strict, None, child_sniffs=not verdict_cache.enabled())
 
 
 def _apply(

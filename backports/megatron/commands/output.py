@@ -333,6 +333,8 @@ KNOWN_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     (UserWarning, "Apex is not installed"),  # megatron.core.models
     (UserWarning, "absl.logging is not installed"),  # megatron.core.hyper_comm_grid
     (DeprecationWarning, "The following imports from `dynamic_context.py`"),
+    # megatron.core.models.mimo, imported by #6010's targets
+    (UserWarning, "MimoModelConfig is experimental"),
 )
 
 # (logger, start of the message) of notices logged at import time.
