@@ -9,10 +9,10 @@ install at a target's import, ``status``, ``check``, ``audit``'s child, the comm
 """
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from .. import children
 from ..evidence.fingerprints import offering_imports
@@ -294,7 +294,9 @@ def _replacements(
     alone = tuple(kind_of(target).replacement(target, module) for target in spec.targets)
     installed = list(alone)
     if mode == WITH_LOCAL_CHANGES and spec.local_changes:
-        installed[0] = wrap_all(alone[0], spec.local_changes)
+        # Local changes wrap a function target's replacement (the catalog's rule).
+        installed[0] = wrap_all(cast(Callable[..., object], alone[0]), spec.local_changes)
+
     return Replacements(alone, tuple(installed))
 
 

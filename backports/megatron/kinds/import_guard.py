@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from ..children import child_path
 from ..evidence.fingerprints import distribution_of, import_environment, module_file, sha256_file
@@ -182,7 +182,8 @@ class ImportGuardKind:
         running inside the guard (a finder that answered before ours) is not guarded."""
         if not import_hooks.registered(_key(part.backport_id)):
             return False
-        record: GuardRecord = part.record
+        record = cast(GuardRecord, part.record)  # this kind's parts carry one
+
         executed = part.resolved.module_name in sys.modules
         return not executed or record.executed_before or bool(record.executions)
 

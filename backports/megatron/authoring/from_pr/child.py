@@ -6,8 +6,6 @@ folders it needs: this package's and the staged plugin's. Tools started as comma
 (pip, ``backports``) get ``-P`` and ``PYTHONPATH`` instead, since they need an environment.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import subprocess
