@@ -11,7 +11,7 @@ Importing this package imports no kind module: ``kind_of`` loads the one a targe
 names (the job's start-up path pays only for the kinds its catalog uses).
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -125,7 +125,7 @@ class Kind(Protocol):
         target: Target,
         resolved: Resolved,
         replacement: object,
-        markers: dict[str, object],
+        markers: Mapping[str, object],
         aliases: dict[int, list[Site]],
     ) -> Part:
         """Put ``replacement`` in place (every binding, or none); the part installed."""

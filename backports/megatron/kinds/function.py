@@ -17,7 +17,7 @@ import marshal
 import os
 import sys
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from types import ModuleType
 from typing import Any, cast
@@ -69,7 +69,7 @@ def compiled_body(obj: object) -> Callable[..., object] | None:
     return None
 
 
-def live_decorator(path: str) -> Callable[..., Any]:
+def live_decorator(path: str) -> Callable[[Callable[..., object]], Callable[..., object]]:
     """The decorator named "module:name", read now: megatron may switch it at run time
     (``megatron.core.jit`` rebinds ``jit_fuser``)."""
     module_name, _, name = path.partition(":")
@@ -246,7 +246,7 @@ def _made(
     target: Target,
     vendored: object,
     backport_id: str,
-    markers: dict[str, object],
+    markers: Mapping[str, object],
 ) -> object:
     """The object to put in the owner: a marked copy of the vendored function; for a
     decorated original, a marked shim around the live decorator applied to such a copy;
@@ -362,7 +362,7 @@ class FunctionKind:
         target: Target,
         resolved: ResolvedTarget,
         replacement: object,
-        markers: dict[str, object],
+        markers: Mapping[str, object],
         aliases: dict[int, list[Site]],
     ) -> Part:
         made = _made(resolved, target, replacement, backport_id, markers)
