@@ -16,7 +16,7 @@ from typing import Any, cast
 
 from .. import children
 from ..evidence.fingerprints import offering_imports
-from ..kinds import Kind, TargetMissing, kind_of
+from ..kinds import Kind, Resolved, TargetMissing, kind_of
 from ..local_changes import wrap_all
 from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec, SniffResult
 from ..report import Verdict
@@ -51,8 +51,8 @@ class Replacements:
     place in the decision's mode (the first wrapped in the local changes, unless
     upstream-only)."""
 
-    alone: tuple[Any, ...]
-    installed: tuple[Any, ...]
+    alone: tuple[object, ...]
+    installed: tuple[object, ...]
 
 
 @dataclass
@@ -67,7 +67,7 @@ class Decision:
     verdict: Verdict | None
     reason: str
     evidence: dict[str, Any] = field(default_factory=dict)
-    targets: tuple[Any, ...] = ()
+    targets: tuple[Resolved, ...] = ()
     built: Replacements | None = None
     # False: ``needed`` by the evidence that needs no sniff, the replacement not shown to
     # carry the fix here (a sniff in children a job's process does not start): never
@@ -159,7 +159,9 @@ def _judge_targets(
     return _with_existing(decision, kinds)
 
 
-def cache_key(spec: BackportSpec, plugin: tuple[str, str] | None = None) -> dict[str, Any] | None:
+def cache_key(
+    spec: BackportSpec, plugin: tuple[str, str] | None = None
+) -> dict[str, object] | None:
     """The verdict cache's key for ``spec`` as its targets stand in this process (importing
     nothing), or None where it cannot be keyed (a target not loaded, not the module's own,
     or not a file of its distribution). What ``decide`` looks up and stores under."""
@@ -172,7 +174,9 @@ def cache_key(spec: BackportSpec, plugin: tuple[str, str] | None = None) -> dict
     return _cache_key(spec, kinds, located, early, in_child, plugin)
 
 
-def _locate(spec: BackportSpec, kinds: Sequence[Kind], importing: bool) -> Any:
+def _locate(
+    spec: BackportSpec, kinds: Sequence[Kind], importing: bool
+) -> tuple[Resolved, ...] | str | None:
     """Every target resolved, in catalog order (a tuple); why one is absent (a str); or
     None while one waits for its module's import (``importing`` False)."""
     resolved = []
@@ -199,7 +203,7 @@ def _absent_reason(spec: BackportSpec, attribute: str, why: str) -> str:
 
 
 def _target_evidence(
-    spec: BackportSpec, kinds: Sequence[Kind], targets: Sequence[Any], evidence: dict[str, Any]
+    spec: BackportSpec, kinds: Sequence[Kind], targets: Sequence[Resolved], evidence: dict[str, Any]
 ) -> None:
     shown = [
         kind.evidence(target, resolved)
@@ -210,7 +214,7 @@ def _target_evidence(
 
 
 def _refusal(
-    spec: BackportSpec, kinds: Sequence[Kind], targets: Sequence[Any], reads: list[str]
+    spec: BackportSpec, kinds: Sequence[Kind], targets: Sequence[Resolved], reads: list[str]
 ) -> str | None:
     """Why some target must not be patched, or None. ``reads`` concern the first target
     (the vendored module reads its globals from the first target's module)."""
@@ -230,11 +234,11 @@ def _caching() -> bool:
 def _cache_key(
     spec: BackportSpec,
     kinds: Sequence[Kind],
-    targets: Sequence[Any],
+    targets: Sequence[Resolved],
     early: Early,
     in_child: bool,
     plugin: tuple[str, str] | None,
-) -> dict[str, Any] | None:
+) -> dict[str, object] | None:
     if early.hashes is None:
         return None
     try:
@@ -257,9 +261,9 @@ def _cache_key(
 def _from_cache(
     spec: BackportSpec,
     mode: str,
-    key: dict[str, Any] | None,
+    key: dict[str, object] | None,
     evidence: dict[str, Any],
-    targets: tuple[Any, ...],
+    targets: tuple[Resolved, ...],
 ) -> Decision | None:
     """The verdict a process of this environment proved for the very same key, with what
     describes this process (the targets as found here) read afresh."""
@@ -274,7 +278,7 @@ def _from_cache(
     return Decision(spec, mode, Verdict(stored["verdict"]), stored["reason"], kept, targets)
 
 
-def _keep(spec: BackportSpec, key: dict[str, Any] | None, decision: Decision) -> None:
+def _keep(spec: BackportSpec, key: dict[str, object] | None, decision: Decision) -> None:
     """Store a verdict the sniff decided, for the next process with the same key."""
     if key is None or decision.verdict is None:
         return
@@ -283,7 +287,7 @@ def _keep(spec: BackportSpec, key: dict[str, Any] | None, decision: Decision) ->
 
 
 def _replacements(
-    spec: BackportSpec, mode: str, targets: Sequence[Any], module: ModuleType | None = None
+    spec: BackportSpec, mode: str, targets: Sequence[Resolved], module: ModuleType | None = None
 ) -> Replacements:
     """What replaces each target, built once from the vendored module (or ``module``: a
     candidate a sync is about to write): it reads its globals from the first target's
@@ -300,7 +304,9 @@ def _replacements(
     return Replacements(alone, tuple(installed))
 
 
-def _unsniffed(spec: BackportSpec, mode: str, early: Early, targets: tuple[Any, ...]) -> Decision:
+def _unsniffed(
+    spec: BackportSpec, mode: str, early: Early, targets: tuple[Resolved, ...]
+) -> Decision:
     """A backport whose sniff starts child interpreters, decided in a job's process where
     the verdict cache has no answer: needed by the evidence that needs no sniff (no release
     says it landed), but nothing shows its replacement carries the fix here, so it is not
@@ -320,7 +326,7 @@ def _sniffed(
     spec: BackportSpec,
     mode: str,
     early: Early,
-    targets: tuple[Any, ...],
+    targets: tuple[Resolved, ...],
     in_child: bool,
 ) -> Decision:
     """The sniff on the installed code, then (where it lacks the fix) on the replacement."""
@@ -375,7 +381,7 @@ def _sniffed(
 
 
 def _built_or_error(
-    spec: BackportSpec, mode: str, targets: Sequence[Any]
+    spec: BackportSpec, mode: str, targets: Sequence[Resolved]
 ) -> Replacements | Exception:
     try:
         return _replacements(spec, mode, targets)
@@ -383,7 +389,7 @@ def _built_or_error(
         return exc
 
 
-def _alone(spec: BackportSpec, targets: Sequence[Any], built: Replacements) -> list[Any]:
+def _alone(spec: BackportSpec, targets: Sequence[Resolved], built: Replacements) -> list[Resolved]:
     return stand_ins(spec, targets, built.alone, composed=False)
 
 
@@ -399,7 +405,7 @@ def _as_result(outcome: SniffResult | BaseException) -> SniffResult:
 
 def _sniff_replacement(
     spec: BackportSpec,
-    targets: Sequence[Any],
+    targets: Sequence[Resolved],
     built: Replacements,
     composed: bool,
     in_child: bool = False,
@@ -444,7 +450,7 @@ def sniff_vendored(
     module: ModuleType,
     *,
     upstream_only: bool,
-    targets: Sequence[Any] | None = None,
+    targets: Sequence[Resolved] | None = None,
 ) -> SniffResult:
     """The entry's sniff on what the applier would install from ``module`` (the vendored
     module, or a candidate), on ``targets`` as resolved (default: resolved here, importing
