@@ -13,7 +13,6 @@ synced files alike: ``tools/sync_rewrite.py`` writes it); a private copy of one 
 
 import types
 from collections.abc import Callable, Mapping
-from typing import Any
 
 __all__ = ["LIVE_TARGET", "ModuleView", "with_globals"]
 
@@ -23,17 +22,17 @@ LIVE_TARGET = "_live_target"
 class ModuleView:
     """Attribute reads go to ``module()`` at call time, except the names in ``overrides``."""
 
-    def __init__(self, module: Callable[[], Any], overrides: Mapping[str, Any]) -> None:
+    def __init__(self, module: Callable[[], object], overrides: Mapping[str, object]) -> None:
         self._module = module
         self._overrides = dict(overrides)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         if name in self._overrides:
             return self._overrides[name]
         return getattr(self._module(), name)
 
 
-def with_globals(function: Any, overrides: Mapping[str, Any]) -> Callable[..., Any]:
+def with_globals(function: object, overrides: Mapping[str, object]) -> types.FunctionType:
     """A copy of ``function`` that sees ``overrides`` in place of those module globals.
 
     The copy's globals are a snapshot of the module's dict plus the overrides; the module
@@ -42,7 +41,7 @@ def with_globals(function: Any, overrides: Mapping[str, Any]) -> Callable[..., A
     """
     if not isinstance(function, types.FunctionType):
         raise TypeError(f"cannot give private globals to a {type(function).__name__}")
-    namespace: dict[str, Any] = {**function.__globals__, **overrides}
+    namespace: dict[str, object] = {**function.__globals__, **overrides}
     live_target = function.__globals__.get(LIVE_TARGET)
     if callable(live_target) and LIVE_TARGET not in overrides:
         view = ModuleView(live_target, overrides)

@@ -27,8 +27,15 @@ _HALF = _EMB // 2
 _GUARD, _INPUT_GUARD = 1234.5, -777.25
 _BLOCKS = (4, 2)  # BLOCK_H under test, then the control
 
+# torch and triton are imported inside the functions, after the path is set, and are
+# untyped to mypy: these names say what a value is.
+Tensor = Any  # a torch.Tensor
+Kernel = Any  # a triton JIT kernel (``kernel[grid](...)``)
 
-def _guarded(shape: tuple[int, ...], values: Any = None, guard: float = _GUARD) -> tuple[Any, Any]:
+
+def _guarded(
+    shape: tuple[int, ...], values: Tensor | None = None, guard: float = _GUARD
+) -> tuple[Tensor, Tensor]:
     """A tensor of ``shape`` at the front of a buffer, then a guard as long as the tensor."""
     import torch
 
@@ -42,7 +49,7 @@ def _guarded(shape: tuple[int, ...], values: Any = None, guard: float = _GUARD) 
     return tensor, buffer[numel:]
 
 
-def _rope(x: Any, cos: Any, sin: Any) -> Any:
+def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Forward rotation: interleaved pairs in, rotated halves out."""
     import torch
 
@@ -52,7 +59,7 @@ def _rope(x: Any, cos: Any, sin: Any) -> Any:
     return torch.cat([left, right], dim=-1)
 
 
-def _rope_grad(g: Any, cos: Any, sin: Any) -> Any:
+def _rope_grad(g: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Its transpose: rotated halves in, interleaved pairs out."""
     import torch
 
@@ -63,7 +70,7 @@ def _rope_grad(g: Any, cos: Any, sin: Any) -> Any:
     return out
 
 
-def _outcome(pairs: list[tuple[Any, Any]], guards: list[Any]) -> dict[str, bool]:
+def _outcome(pairs: list[tuple[Tensor, Tensor]], guards: list[Tensor]) -> dict[str, bool]:
     import torch
 
     exact = all(torch.allclose(a, e, rtol=1e-5, atol=1e-5) for a, e in pairs)
@@ -71,7 +78,7 @@ def _outcome(pairs: list[tuple[Any, Any]], guards: list[Any]) -> dict[str, bool]
     return {"exact": exact, "guards_intact": intact}
 
 
-def _q(kernel: Any, block: int, data: dict[str, Any], backward: bool) -> dict[str, bool]:
+def _q(kernel: Kernel, block: int, data: dict[str, Tensor], backward: bool) -> dict[str, bool]:
     """``rotary_fwd_q_kernel`` / ``rotary_bwd_q_kernel``: in place on [tokens, heads, 8]."""
     q0, cos, sin = data["q"], data["cos"], data["sin"]
     q, guard = _guarded(tuple(q0.shape), q0)
@@ -86,7 +93,7 @@ def _q(kernel: Any, block: int, data: dict[str, Any], backward: bool) -> dict[st
     return _outcome([(q, expected)], [guard])
 
 
-def _fwd_kv(kernel: Any, block: int, data: dict[str, Any]) -> dict[str, bool]:
+def _fwd_kv(kernel: Kernel, block: int, data: dict[str, Tensor]) -> dict[str, bool]:
     """``rotary_fwd_kv_kernel``: KV [tokens, heads, K+V] and the rotary input -> key, value."""
     kv, emb, cos, sin = data["kv"], data["emb"], data["cos"], data["sin"]
     kv_in, _ = _guarded(tuple(kv.shape), kv, _INPUT_GUARD)
@@ -105,7 +112,7 @@ def _fwd_kv(kernel: Any, block: int, data: dict[str, Any]) -> dict[str, bool]:
     return _outcome(pairs, [key_guard, value_guard])
 
 
-def _bwd_kv(kernel: Any, block: int, data: dict[str, Any]) -> dict[str, bool]:
+def _bwd_kv(kernel: Kernel, block: int, data: dict[str, Tensor]) -> dict[str, bool]:
     """``rotary_bwd_kv_kernel``: dK, dV -> dKV, and dEMB summed over every head."""
     import torch
 
@@ -125,12 +132,12 @@ def _bwd_kv(kernel: Any, block: int, data: dict[str, Any]) -> dict[str, bool]:
     return _outcome([(dkv, expected_dkv), (demb, expected_demb)], [dkv_guard, demb_guard])
 
 
-def _data() -> dict[str, Any]:
+def _data() -> dict[str, Tensor]:
     import torch
 
     generator = torch.Generator().manual_seed(6890)
 
-    def draw(*shape: int) -> Any:
+    def draw(*shape: int) -> Tensor:
         return torch.randn(*shape, generator=generator)
 
     return {
@@ -144,7 +151,7 @@ def _data() -> dict[str, Any]:
     }
 
 
-def _run(addresses: dict[str, list[str]], data: dict[str, Any]) -> dict[str, Any]:
+def _run(addresses: dict[str, list[str]], data: dict[str, Tensor]) -> dict[str, object]:
     """Every kernel of one set (kernel name -> [module, attribute]) at both block sizes."""
     runs = {
         "rotary_fwd_q_kernel": lambda k, b: _q(k, b, data, backward=False),
@@ -169,7 +176,7 @@ def main(argument: str) -> None:
     request = json.loads(argument)
     sys.path[:] = request["sys_path"]
     data = _data()
-    sets: dict[str, Any] = {}
+    sets: dict[str, object] = {}
     for label, addresses in request["sets"].items():
         try:
             sets[label] = _run(addresses, data)

@@ -9,14 +9,14 @@ silently loses Adam moments.
 """
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any
 
 from packaging.version import Version
 
 from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
 from ..private_globals import with_globals
+from ._untyped import MegatronFunction
 
 __all__ = ["SPEC"]
 
@@ -35,7 +35,9 @@ def _quiet_logger() -> logging.Logger:
     return quiet
 
 
-def _second_parameter_state(method: Callable[..., Any], padded: bool) -> dict[str, Any]:
+def _second_parameter_state(
+    method: MegatronFunction, padded: bool
+) -> dict[str, dict[str, list[float]]]:
     """Run ``method`` on a stand-in optimizer with one buffer of two 4-element parameters.
 
     ``padded``: two buckets, bucket 0 padded from 4 to 8 elements, so the second parameter
@@ -65,9 +67,9 @@ def _second_parameter_state(method: Callable[..., Any], padded: bool) -> dict[st
         "exp_avg_sq": torch.arange(_COMPACT, dtype=torch.float32) + 100,
         "numel_unpadded": _COMPACT,
     }
-    calls: list[dict[str, Any]] = []
+    calls: list[dict[str, object]] = []
 
-    def get_parameter_state_dp_zero(**kwargs: Any) -> dict[int, dict[Any, Any]]:
+    def get_parameter_state_dp_zero(**kwargs: object) -> dict[int, dict[object, dict[str, object]]]:
         calls.append(kwargs)
         return {0: {torch.float32: world}}
 
@@ -84,7 +86,7 @@ def _second_parameter_state(method: Callable[..., Any], padded: bool) -> dict[st
         raise SniffFailed(f"it gathered the state with {calls}")
     if sorted(state) != [0, 1]:
         raise SniffFailed(f"it returned state for parameters {sorted(state)}")
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, list[float]]] = {}
     for index, tensors in sorted(state.items()):
         if sorted(tensors) != ["exp_avg", "exp_avg_sq", "param"]:
             raise SniffFailed(f"parameter {index} has state keys {sorted(tensors)}")
@@ -94,7 +96,7 @@ def _second_parameter_state(method: Callable[..., Any], padded: bool) -> dict[st
     return out
 
 
-def _sniff_method(method: Callable[..., Any]) -> SniffResult:
+def _sniff_method(method: MegatronFunction) -> SniffResult:
     """Fixed iff the parameter after a padded bucket gets its own moments, not zeros."""
     one_bucket = _second_parameter_state(method, padded=False)
     expected_one = {

@@ -10,13 +10,13 @@ silently wrong (NVIDIA-NeMo/Megatron-Bridge#6103, modelscope/ms-swift#8192).
 Two classes in two files, three methods, applied and reverted together.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any
 
 from packaging.version import Version
 
 from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
+from ._untyped import MegatronFunction, Tensor
 
 __all__ = ["SPEC"]
 
@@ -28,23 +28,23 @@ class _RecordingLanguageModel:
     """Stands for the language model: keeps the keyword arguments of every call."""
 
     def __init__(self) -> None:
-        self.calls: list[dict[str, Any]] = []
+        self.calls: list[dict[str, Tensor]] = []
 
-    def __call__(self, **kwargs: Any) -> Any:
+    def __call__(self, **kwargs: Tensor) -> Tensor:
         import torch
 
         self.calls.append(kwargs)
         return torch.zeros(1)
 
 
-def _masks() -> tuple[Any, Any, Any]:
+def _masks() -> tuple[Tensor, Tensor, Tensor]:
     """Text labels, the mask the model computes (0 at a placeholder) and the caller's mask."""
     import torch
 
     return torch.tensor([[5, 6, 7]]), torch.tensor([[0.0, 1.0, 1.0]]), torch.ones(1, 3)
 
 
-def _what_reached(call: dict[str, Any], labels: Any, mask: Any) -> dict[str, Any]:
+def _what_reached(call: dict[str, Tensor], labels: Tensor, mask: Tensor) -> dict[str, object]:
     """The control (the model's labels reach it, in every version) and the fix (its mask)."""
     if call.get("labels") is not labels:
         raise SniffFailed(f"the language model got labels {call.get('labels')!r}, not {labels}")
@@ -55,7 +55,7 @@ def _what_reached(call: dict[str, Any], labels: Any, mask: Any) -> dict[str, Any
     return {"loss_mask": mask.tolist()}
 
 
-def _llava_forward(forward: Callable[..., Any]) -> list[dict[str, Any]]:
+def _llava_forward(forward: MegatronFunction) -> list[dict[str, object]]:
     """``LLaVAModel.forward`` on a stand-in decoder stage: its ``_preprocess_data`` returns
     the combined labels and mask; what reached the language model."""
     import torch
@@ -80,11 +80,15 @@ def _llava_forward(forward: Callable[..., Any]) -> list[dict[str, Any]]:
     return [_what_reached(call, labels, mask) for call in language_model.calls]
 
 
-def _mimo(language_model: _RecordingLanguageModel, sharded: tuple[Any, Any]) -> Any:
+def _mimo(
+    language_model: _RecordingLanguageModel, sharded: tuple[Tensor, Tensor]
+) -> SimpleNamespace:
     """A stand-in MimoModel: text only, its sharding returns ``sharded`` (labels, mask)."""
     import torch
 
-    def shard(embeddings: Any, labels: Any, loss_mask: Any, packed_seq_params: Any) -> Any:
+    def shard(
+        embeddings: Tensor, labels: Tensor, loss_mask: Tensor, packed_seq_params: object
+    ) -> tuple[object, ...]:
         return embeddings, *sharded, packed_seq_params
 
     return SimpleNamespace(
@@ -100,7 +104,7 @@ def _mimo(language_model: _RecordingLanguageModel, sharded: tuple[Any, Any]) -> 
     )
 
 
-def _mimo_calls(method: Callable[..., Any], first_stage: bool | None) -> list[dict[str, Any]]:
+def _mimo_calls(method: MegatronFunction, first_stage: bool | None) -> list[dict[str, object]]:
     """``_forward_all_modules`` (``first_stage`` None) or ``_forward_language_module`` on one
     pipeline stage: what reached the language model."""
     import torch
@@ -118,7 +122,7 @@ def _mimo_calls(method: Callable[..., Any], first_stage: bool | None) -> list[di
     return [_what_reached(call, sharded[0], mask) for call in language_model.calls]
 
 
-def _observe(targets: Sequence[Any]) -> dict[str, list[dict[str, Any]]]:
+def _observe(targets: Sequence[ResolvedTarget]) -> dict[str, list[dict[str, object]]]:
     """Each language-model call of the three methods, by where it is made."""
     llava, all_modules, language_module = (_body(target) for target in targets)
     seen = {
@@ -133,7 +137,7 @@ def _observe(targets: Sequence[Any]) -> dict[str, list[dict[str, Any]]]:
     return seen
 
 
-def _body(target: Any) -> Callable[..., Any]:
+def _body(target: ResolvedTarget) -> MegatronFunction:
     import inspect
 
     return inspect.unwrap(target.original)  # type: ignore[no-any-return]
@@ -144,7 +148,7 @@ def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
     needed iff none does; anything between is a release unlike both (incompatible)."""
     seen = _observe(targets)
     passed = {where: calls[0]["loss_mask"] != "not passed" for where, calls in seen.items()}
-    detail: dict[str, Any] = {"language_model_got": seen}
+    detail: dict[str, object] = {"language_model_got": seen}
     if all(passed.values()):
         summary = (
             "LLaVA and MiMo hand the loss mask to the language model (MTP skips modality positions)"

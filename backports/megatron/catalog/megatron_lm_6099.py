@@ -13,15 +13,15 @@ construction-time target: an optimizer built before the backport is installed ke
 """
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any
 
 from packaging.version import Version
 
 from ..kinds.constructor import Constructor
 from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
 from ..private_globals import with_globals
+from ._untyped import MegatronFunction, MegatronObject
 
 __all__ = ["SPEC"]
 
@@ -30,7 +30,9 @@ __all__ = ["SPEC"]
 _TP, _EXPERT_TP = "tp group", "expert tp group"
 
 
-def _constructed(owner: type, init: Callable[..., Any], expert_tp: bool) -> dict[str, Any]:
+def _constructed(
+    owner: type, init: MegatronFunction, expert_tp: bool
+) -> dict[str, list[str | None] | None]:
     """Run ``init`` (the unwrapped constructor) on a bare instance of a throwaway subclass
     whose parameter sharding does nothing (it needs process groups), with one child
     optimizer; the groups the optimizer and its child were left with."""
@@ -39,8 +41,8 @@ def _constructed(owner: type, init: Callable[..., Any], expert_tp: bool) -> dict
         groups.expt_tp = _EXPERT_TP
     config = SimpleNamespace(overlap_param_gather=False, bf16=False)
     child = SimpleNamespace(config=config)
-    sniffed: Any = type("SniffedLayerWise", (owner,), {"shard_params": lambda self, *args: None})
-    optimizer = object.__new__(sniffed)
+    sniffed = type("SniffedLayerWise", (owner,), {"shard_params": lambda self, *args: None})
+    optimizer: MegatronObject = object.__new__(sniffed)
     init(optimizer, [child], config, groups)
     if optimizer.chained_optimizers != [child]:
         raise SniffFailed(f"the constructor chained {optimizer.chained_optimizers}, not its child")
@@ -51,7 +53,9 @@ def _constructed(owner: type, init: Callable[..., Any], expert_tp: bool) -> dict
     return {where: pair if any(pair) else None for where, pair in found.items()}
 
 
-def _judge_constructor(owner: type, init: Callable[..., Any]) -> tuple[bool, dict[str, Any]]:
+def _judge_constructor(
+    owner: type, init: MegatronFunction
+) -> tuple[bool, dict[str, dict[str, list[str | None] | None]]]:
     """Fixed: both groups kept and handed to the child (``expt_tp``, else ``tp``); 0.19.2:
     neither."""
     seen = {
@@ -68,12 +72,12 @@ def _judge_constructor(owner: type, init: Callable[..., Any]) -> tuple[bool, dic
     return seen == fixed, seen
 
 
-def _judge_count_zeros(count_zeros: Callable[..., Any]) -> tuple[bool, dict[str, Any]]:
+def _judge_count_zeros(count_zeros: MegatronFunction) -> tuple[bool, dict[str, object]]:
     """``count_zeros`` on a stand-in optimizer, ``count_zeros_fp32`` recorded in a private
     copy of its globals (the real one allocates on CUDA): which groups it was given."""
-    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    calls: list[tuple[tuple[object, ...], dict[str, object]]] = []
 
-    def count_zeros_fp32(*args: Any, **kwargs: Any) -> float:
+    def count_zeros_fp32(*args: object, **kwargs: object) -> float:
         calls.append((args, kwargs))
         return 0.0
 

@@ -7,13 +7,13 @@ broadcast ``RuntimeError``; with tokens == experts the per-expert counts are sil
 """
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any
 
 from packaging.version import Version
 
 from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
+from ._untyped import MegatronFunction, Tensor
 
 __all__ = ["SPEC"]
 
@@ -33,7 +33,7 @@ _TALL_PADDED = (4, 5)
 _TALL_FIXED = [1, 1, 1, 1]
 
 
-def _routing_map(tokens: int, routes: tuple[tuple[int, int], ...]) -> Any:
+def _routing_map(tokens: int, routes: tuple[tuple[int, int], ...]) -> Tensor:
     import torch
 
     routing_map = torch.zeros(tokens, _EXPERTS, dtype=torch.bool)
@@ -42,7 +42,7 @@ def _routing_map(tokens: int, routes: tuple[tuple[int, int], ...]) -> Any:
     return routing_map
 
 
-def _padding_mask(tokens: int, padded: tuple[int, ...]) -> Any:
+def _padding_mask(tokens: int, padded: tuple[int, ...]) -> Tensor:
     import torch
 
     mask = torch.zeros(tokens, dtype=torch.bool)
@@ -51,7 +51,7 @@ def _padding_mask(tokens: int, padded: tuple[int, ...]) -> Any:
 
 
 def _count(
-    body: Callable[..., Any],
+    body: MegatronFunction,
     tokens: int,
     routes: tuple[tuple[int, int], ...],
     padded: tuple[int, ...] | None,
@@ -81,7 +81,7 @@ def _count(
     return [int(n) for n in buffer.tolist()]
 
 
-def _check_controls(body: Callable[..., Any]) -> dict[str, Any]:
+def _check_controls(body: MegatronFunction) -> dict[str, object]:
     """Calls every version answers alike: no mask counts every route, no grad counts nothing."""
     unmasked = _count(body, _EXPERTS, _SQUARE_ROUTES, None)
     if unmasked != _SQUARE_UNMASKED:
@@ -92,7 +92,7 @@ def _check_controls(body: Callable[..., Any]) -> dict[str, Any]:
     return {"unmasked": unmasked, "no_grad": no_grad}
 
 
-def _tall_probe(body: Callable[..., Any]) -> tuple[bool, dict[str, Any]]:
+def _tall_probe(body: MegatronFunction) -> tuple[bool, dict[str, object]]:
     """6 tokens / 4 experts: fixed counts [1, 1, 1, 1]; 0.19.2 raises (that is "needed")."""
     try:
         counts = _count(body, len(_TALL_ROUTES), _TALL_ROUTES, _TALL_PADDED)
@@ -106,7 +106,7 @@ def _tall_probe(body: Callable[..., Any]) -> tuple[bool, dict[str, Any]]:
     return True, {"counts": counts}
 
 
-def _sniff_body(body: Callable[..., Any]) -> SniffResult:
+def _sniff_body(body: MegatronFunction) -> SniffResult:
     """Fixed iff a padded token loses its routes, with tokens == experts and tokens != experts.
 
     ``body`` is the undecorated method (``inspect.unwrap`` of the class attribute): calling

@@ -13,13 +13,13 @@ The target is a ``@staticmethod`` of a ``torch.autograd.Function``, decorated wi
 """
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any
 
 from packaging.version import Version
 
 from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
+from ._untyped import DType, MegatronFunction, Tensor
 
 __all__ = ["SPEC"]
 
@@ -32,27 +32,27 @@ class _ShardedWeight:
     reduce-scatter that keeps the dtype and value it receives (a one-rank reduce-scatter
     returns its rows of the sum, in the dtype it was given)."""
 
-    def __init__(self, full: Any, main_grad_dtype: Any) -> None:
+    def __init__(self, full: Tensor, main_grad_dtype: DType) -> None:
         import torch
 
         self.full = full
         self.main_grad = torch.zeros(_OUT // 2, _IN, dtype=main_grad_dtype)
-        self.reduce_scattered: list[Any] = []
+        self.reduce_scattered: list[Tensor] = []
 
-    def all_gather_and_prefetch_bwd(self) -> Any:
+    def all_gather_and_prefetch_bwd(self) -> Tensor:
         return self.full
 
-    def get_wgrad_tensor(self) -> Any:
+    def get_wgrad_tensor(self) -> Tensor:
         import torch
 
         return torch.zeros(_OUT, _IN, dtype=self.main_grad.dtype)
 
-    def wgrad_reduce_scatter(self, grad_weight: Any) -> Any:
+    def wgrad_reduce_scatter(self, grad_weight: Tensor) -> Tensor:
         self.reduce_scattered.append(grad_weight.detach().clone())
         return grad_weight[: _OUT // 2]
 
 
-def _backward_once(backward: Callable[..., Any], main_grad_dtype: Any) -> dict[str, Any]:
+def _backward_once(backward: MegatronFunction, main_grad_dtype: DType) -> dict[str, object]:
     """``backward`` (undecorated) with the ``ctx`` 0.19.2's ``forward`` leaves for a GTP
     weight (no fusion, no sequence parallelism), bf16 compute; what reached the
     reduce-scatter, checked against an FP32 reference of both gradients."""
@@ -90,7 +90,7 @@ def _backward_once(backward: Callable[..., Any], main_grad_dtype: Any) -> dict[s
     return {"reduce_scattered": str(wgrad.dtype).removeprefix("torch.")}
 
 
-def _sniff_body(backward: Callable[..., Any]) -> SniffResult:
+def _sniff_body(backward: MegatronFunction) -> SniffResult:
     """Fixed iff an FP32 ``main_grad`` gets an FP32 reduce-scatter; a bf16 ``main_grad``
     (the control) gets a bf16 one from every version."""
     import torch

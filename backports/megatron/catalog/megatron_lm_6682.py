@@ -7,13 +7,13 @@ prompt as well as the answer. 0.17 masked them: #4450 (first in 0.18) lost it, s
 has the target and not the bug (``bug_since``).
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any
 
 from packaging.version import Version
 
 from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
+from ._untyped import MegatronFunction
 
 __all__ = ["SPEC"]
 
@@ -30,11 +30,15 @@ _FORMAT = "identity"
 class _TwoIdsPerTurn:
     """Stands for the Hugging Face tokenizer: two ids per message, by role."""
 
-    def apply_chat_template(self, conversation: Any, **kwargs: Any) -> list[int]:
+    def apply_chat_template(
+        self, conversation: list[dict[str, str]], **kwargs: object
+    ) -> list[int]:
         return [_IDS_PER_ROLE[turn["role"]] for turn in conversation for _ in range(2)]
 
 
-def _tokenize(method: Callable[..., Any], prompt_format: str, return_target: bool) -> Any:
+def _tokenize(
+    method: MegatronFunction, prompt_format: str, return_target: bool
+) -> list[int] | list[list[int]]:
     """Run ``method`` on a stand-in SFTTokenizer holding only what it reads."""
     import numpy as np
 
@@ -57,7 +61,7 @@ def _tokenize(method: Callable[..., Any], prompt_format: str, return_target: boo
     return [[int(t) for t in tokens], [int(t) for t in target]]
 
 
-def _sniff_method(method: Callable[..., Any]) -> SniffResult:
+def _sniff_method(method: MegatronFunction) -> SniffResult:
     """Fixed iff ``identity`` masks the user turn as the other templated formats do."""
     controls = {
         "tokens": _tokenize(method, _FORMAT, return_target=False),

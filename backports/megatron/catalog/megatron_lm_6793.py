@@ -10,14 +10,14 @@ method of ``DSAttention``.
 """
 
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any
 
 from packaging.version import Version
 
 from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target, VendoredRef
 from ..private_globals import with_globals
+from ._untyped import MegatronFunction, MegatronObject, Tensor
 
 __all__ = ["SPEC"]
 
@@ -32,9 +32,9 @@ class _RecordingCheckpoint:
     caller's mask rides along), as megatron's and torch's re-entrant checkpoints do."""
 
     def __init__(self) -> None:
-        self.chunks: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self.chunks: list[tuple[MegatronFunction, tuple[object, ...]]] = []
 
-    def checkpoint(self, function: Callable[..., Any], _distribute: bool, *args: Any) -> Any:
+    def checkpoint(self, function: MegatronFunction, _distribute: bool, *args: object) -> object:
         import torch
 
         self.chunks.append((function, args))
@@ -46,12 +46,14 @@ class _SharingLayer:
     """One layer of a stand-in block: it computes the shared top-k (its input) in forward
     and reads it back in the recompute, through the real ``DSAttention`` holder."""
 
-    def __init__(self, attention: Any) -> None:
+    def __init__(self, attention: MegatronObject) -> None:
         self.attention = attention
         self.layer_number = 1
         self.read_in_recompute: list[float | None] = []
 
-    def __call__(self, hidden_states: Any, attention_mask: Any, **kwargs: Any) -> Any:
+    def __call__(
+        self, hidden_states: Tensor, attention_mask: Tensor | None, **kwargs: object
+    ) -> Tensor:
         import torch
 
         packed_seq_params = kwargs.get("packed_seq_params")
@@ -65,7 +67,7 @@ class _SharingLayer:
         return hidden_states
 
 
-def _attention(carrier: ResolvedTarget) -> Any:
+def _attention(carrier: ResolvedTarget) -> MegatronObject:
     """A real ``DSAttention`` on CPU (a skip layer: no indexer is built) whose carrier
     method is the resolved original, set on this instance only, never on the class."""
     dsa = carrier.module
@@ -108,7 +110,11 @@ def _block(layer: _SharingLayer) -> SimpleNamespace:
     )
 
 
-def _replay(forward: ResolvedTarget, carrier: ResolvedTarget, *, masked: bool) -> dict[str, Any]:
+# What a replay saw: the top-k each recompute read (None: gone) and the names left behind.
+_Run = dict[str, list[float | None] | list[str]]
+
+
+def _replay(forward: ResolvedTarget, carrier: ResolvedTarget, *, masked: bool) -> _Run:
     """F1, F2, then B1, B2 replaying the recorded chunks with grad on (the recompute)."""
     import torch
 
@@ -137,7 +143,7 @@ def _replay(forward: ResolvedTarget, carrier: ResolvedTarget, *, masked: bool) -
     return {"recompute_read": layer.read_in_recompute, f"left_on_{leaked_on}": left}
 
 
-def _judge(run: dict[str, Any]) -> bool:
+def _judge(run: _Run) -> bool:
     """True: fixed; False: the 0.19.2 leak; anything else raises (incompatible).
 
     0.19.2 keeps the holder on the caller's mask or config. Without a mask F1's recompute
@@ -164,7 +170,7 @@ def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
     }
     fixed = {name: _judge(run) for name, run in runs.items()}
     # SkyRL's landed check (a name on dsa): a cross-check only, behaviour decides.
-    detail: dict[str, Any] = {
+    detail: dict[str, object] = {
         **runs,
         "dsa_has_carrier_scope": hasattr(carrier.module, "_dsa_index_share_carrier_scope"),
     }

@@ -25,12 +25,12 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TypedDict
 
 from packaging.version import Version
 
 from ..kinds.module_attribute import ModuleAttribute
-from ..model import VENDOR_PACKAGE, BackportSpec, SniffFailed, SniffResult
+from ..model import VENDOR_PACKAGE, BackportSpec, ResolvedTarget, SniffFailed, SniffResult
 
 __all__ = ["KERNELS", "SPEC", "kernels_in_child"]
 
@@ -45,8 +45,24 @@ _VENDORED = f"{VENDOR_PACKAGE}.megatron_lm_6890.fused_mla_yarn_rope_apply"
 _CHILD = Path(__file__).with_name("_rope_kernels_child.py")
 _CHILD_TIMEOUT_S = 600
 
+# Per kernel, per "BLOCK_H=<n>": {"exact": ..., "guards_intact": ...} (the child's JSON).
+KernelRuns = dict[str, dict[str, dict[str, bool]]]
 
-def _address(target: Any) -> tuple[str, str]:
+
+class SetSeen(TypedDict, total=False):
+    """What a child saw of one set of kernels (``error``: why the set did not run)."""
+
+    kernels: KernelRuns
+    error: str
+    megatron: str | None  # the megatron package the child imported
+
+
+class ChildAnswer(TypedDict):
+    sets: dict[str, SetSeen]
+    megatron: str
+
+
+def _address(target: ResolvedTarget) -> tuple[str, str]:
     """(module, attribute) where a child finds the kernel ``target.original``: the target's
     own module (the installed kernel), the vendored module, or any module holding it."""
     name, kernel = target.attribute, target.original
@@ -65,7 +81,7 @@ def _address(target: Any) -> tuple[str, str]:
     raise SniffFailed(f"{name} is held by no module a child could import it from")
 
 
-def kernels_in_child(sets: dict[str, dict[str, tuple[str, str]]]) -> dict[str, Any]:
+def kernels_in_child(sets: dict[str, dict[str, tuple[str, str]]]) -> ChildAnswer:
     """Run each set of kernels (label -> kernel name -> (module, attribute)) in one fresh
     interpreter under ``TRITON_INTERPRET=1``: isolated (``-I``), in a private working
     folder, on this process's ``sys.path``, with the backports off there."""
@@ -92,7 +108,7 @@ def kernels_in_child(sets: dict[str, dict[str, tuple[str, str]]]) -> dict[str, A
 # What a child saw of a set of kernels, per (the set's addresses, interpreter, sys.path, the
 # sha256 of each file the kernels are rebuilt or read from): a child costs an import of torch
 # and megatron (seconds), and its outcome depends on nothing else.
-_SEEN: dict[tuple[Any, ...], dict[str, Any]] = {}
+_SEEN: dict[tuple[object, ...], SetSeen] = {}
 
 
 def _file_sha256(module_name: str) -> str | None:
@@ -109,13 +125,13 @@ def _file_sha256(module_name: str) -> str | None:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
 
 
-def _key(addresses: dict[str, tuple[str, str]]) -> tuple[Any, ...]:
+def _key(addresses: dict[str, tuple[str, str]]) -> tuple[object, ...]:
     modules = sorted({module for module, _ in addresses.values()} | {_MODULE})
-    key: tuple[Any, ...] = (tuple(sorted(addresses.items())), sys.executable, tuple(sys.path))
+    key: tuple[object, ...] = (tuple(sorted(addresses.items())), sys.executable, tuple(sys.path))
     return key + tuple((module, _file_sha256(module)) for module in modules)
 
 
-def _seen(addresses: dict[str, tuple[str, str]]) -> dict[str, Any]:
+def _seen(addresses: dict[str, tuple[str, str]]) -> SetSeen:
     """What a child saw of these kernels. The child that judges the installed kernels judges
     the vendored ones too (the probe asks for them next), for one import of torch."""
     key = _key(addresses)
@@ -133,7 +149,7 @@ def _seen(addresses: dict[str, tuple[str, str]]) -> dict[str, Any]:
     return seen  # type: ignore[no-any-return]
 
 
-def _judge(kernels: dict[str, Any]) -> dict[str, bool]:
+def _judge(kernels: KernelRuns) -> dict[str, bool]:
     """Per kernel: True when ``BLOCK_H=4`` (a half-full last block) is exact with every guard
     kept, False when it is not; raises when the control (``BLOCK_H=2``) is not exact, or a
     kernel is missing (a kernel unlike any version)."""
@@ -149,7 +165,7 @@ def _judge(kernels: dict[str, Any]) -> dict[str, bool]:
     return verdicts
 
 
-def _sniff(targets: Sequence[Any]) -> SniffResult:
+def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
     """Fixed iff all four kernels are exact on 6 heads with ``BLOCK_H=4``; needed iff none
     is; some but not all is a release unlike both (incompatible)."""
     addresses = {target.attribute: _address(target) for target in targets}

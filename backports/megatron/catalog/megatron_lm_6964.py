@@ -13,16 +13,16 @@ Module-level code: the entry is an ``ImportGuard``, in place before the module e
 import json
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from packaging.version import Version
 
 from ..evidence.fingerprints import module_file
 from ..interpreter.children import child_path, run_python
 from ..kinds.import_guard import ImportGuard
-from ..model import BackportSpec, SniffFailed, SniffResult
+from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult
+from ._untyped import MegatronFunction
 
 __all__ = ["SPEC", "import_in_child", "stale_flash_attn"]
 
@@ -60,7 +60,7 @@ def stale_flash_attn(folder: Path) -> Path:
     return folder
 
 
-def import_in_child(guard: Callable[..., Any], first_on_path: Path) -> dict[str, Any]:
+def import_in_child(guard: MegatronFunction, first_on_path: Path) -> dict[str, object]:
     """Import the attention module in a fresh, isolated interpreter under ``guard``, with
     ``first_on_path`` ahead of this process's own path (so the child sees the megatron-core
     this process probes: ``audit`` puts a candidate first); the backports are off there."""
@@ -77,7 +77,7 @@ def import_in_child(guard: Callable[..., Any], first_on_path: Path) -> dict[str,
 
 # What a child saw, per (guard, interpreter, its path, attention.py's stat): the child costs
 # an import of torch and megatron (tens of seconds), and its outcome depends on nothing else.
-_SEEN: dict[tuple[Any, ...], dict[str, Any]] = {}
+_SEEN: dict[tuple[object, ...], dict[str, object]] = {}
 
 
 def _module_file_stat() -> tuple[str, int, int] | None:
@@ -90,8 +90,8 @@ def _module_file_stat() -> tuple[str, int, int] | None:
     return str(found.resolve()), stat.st_size, stat.st_mtime_ns
 
 
-def _import_beside_stale_cute(guard: Callable[..., Any]) -> dict[str, Any]:
-    key: tuple[Any, ...] = (guard.__module__, guard.__qualname__, sys.executable)
+def _import_beside_stale_cute(guard: MegatronFunction) -> dict[str, object]:
+    key: tuple[object, ...] = (guard.__module__, guard.__qualname__, sys.executable)
     key += (tuple(child_path()), _module_file_stat())
     if key not in _SEEN:
         with tempfile.TemporaryDirectory(prefix="megatron-lm-6964-") as folder:
@@ -99,7 +99,7 @@ def _import_beside_stale_cute(guard: Callable[..., Any]) -> dict[str, Any]:
     return dict(_SEEN[key])
 
 
-def _sniff(targets: Sequence[Any]) -> SniffResult:
+def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
     """Fixed iff the module imports with FA4 off beside a stale flash_attn.cute."""
     (target,) = targets
     seen = _import_beside_stale_cute(target.original)

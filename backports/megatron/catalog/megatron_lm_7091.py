@@ -6,13 +6,13 @@ layout found" at 320, 384, 448 and every multiple of 64 up to 1984 that is not a
 of 256. The pull request sends those widths to the existing PyTorch path.
 """
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from packaging.version import Version
 
 from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
 from ..private_globals import with_globals
+from ._untyped import MegatronFunction
 
 __all__ = ["SPEC"]
 
@@ -24,7 +24,7 @@ _CONTROLS = {256: True, 512: True, 65: False}
 _PROBES = (320, 448, 1984)
 
 
-def _accepts(predicate: Callable[..., Any], width: int) -> bool:
+def _accepts(predicate: MegatronFunction, width: int) -> bool:
     """The predicate's answer for top-k ``width`` on tensors that say they are on CUDA."""
     import torch
 

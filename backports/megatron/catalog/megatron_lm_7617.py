@@ -5,15 +5,16 @@ queries and top-k widths that are not a multiple of 64, and DSA layers shaped li
 GLM-5.3-Flash (width 512, top-k 2048 + 3) fall back to a dense O(L^2) softmax.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
+from typing import TypedDict
 
 from packaging.version import Version
 
 from ..local_changes.sparse_mla import INDEX_HYGIENE, LEAN_COPIES
 from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
 from ..private_globals import with_globals
+from ._untyped import MegatronFunction, Tensor
 
 __all__ = ["SPEC"]
 
@@ -21,17 +22,24 @@ _KERNEL_WIDTH = 576
 _TOPK_BLOCK = 64
 
 
-def _sniff_call(
-    module: ModuleType, function: Callable[..., Any], *, width: int, topk: int
-) -> dict[str, Any]:
+class _Call(TypedDict):
+    """One call: its width and top-k, the output's shape, what reached the kernel."""
+
+    width: int
+    topk: int
+    returned: list[int] | None
+    kernel_saw: dict[str, int] | None
+
+
+def _sniff_call(module: ModuleType, function: MegatronFunction, *, width: int, topk: int) -> _Call:
     """Call ``function`` on tiny CPU bf16 inputs with a recording kernel in ``module``."""
     import torch
 
-    seen: list[dict[str, Any]] = []
+    seen: list[dict[str, int]] = []
 
     class _RecordingKernel:
         @staticmethod
-        def apply(q: Any, kv: Any, indices: Any, scale: float) -> tuple[Any, Any]:
+        def apply(q: Tensor, kv: Tensor, indices: Tensor, scale: float) -> tuple[Tensor, Tensor]:
             seen.append(
                 {"width": int(q.size(-1)), "topk": int(indices.size(-1)), "heads": int(q.size(2))}
             )
@@ -79,7 +87,7 @@ def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
         and saw["topk"] % _TOPK_BLOCK == 0
         and probe["returned"] == [2, 1, 16, 512]
     )
-    if fixed:
+    if fixed and saw is not None:  # fixed implies saw; said again for the checker
         summary = (
             f"a width-512 / top-k 65 call reaches the kernel as {saw['width']} / {saw['topk']}"
         )

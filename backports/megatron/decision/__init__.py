@@ -9,14 +9,14 @@ install at a target's import, ``status``, ``check``, ``audit``'s child, the comm
 """
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from ..evidence.fingerprints import offering_imports
 from ..interpreter import children
-from ..kinds import Kind, TargetMissing, kind_of
+from ..kinds import Kind, Resolved, TargetMissing, kind_of
 from ..local_changes import wrap_all
 from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec, SniffResult
 from ..report import Verdict
@@ -51,8 +51,8 @@ class Replacements:
     place in the decision's mode (the first wrapped in the local changes, unless
     upstream-only)."""
 
-    alone: tuple[Any, ...]
-    installed: tuple[Any, ...]
+    alone: tuple[object, ...]
+    installed: tuple[object, ...]
 
 
 @dataclass
@@ -67,7 +67,7 @@ class Decision:
     verdict: Verdict | None
     reason: str
     evidence: dict[str, Any] = field(default_factory=dict)
-    targets: tuple[Any, ...] = ()
+    targets: tuple[Resolved, ...] = ()
     built: Replacements | None = None
     # False: ``needed`` by the evidence that needs no sniff, the replacement not shown to
     # carry the fix here (a sniff in children a job's process does not start): never
@@ -159,7 +159,9 @@ def _judge_targets(
     return _with_existing(decision, kinds)
 
 
-def cache_key(spec: BackportSpec, plugin: tuple[str, str] | None = None) -> dict[str, Any] | None:
+def cache_key(
+    spec: BackportSpec, plugin: tuple[str, str] | None = None
+) -> dict[str, object] | None:
     """The verdict cache's key for ``spec`` as its targets stand in this process (importing
     nothing), or None where it cannot be keyed (a target not loaded, not the module's own,
     or not a file of its distribution). What ``decide`` looks up and stores under."""
@@ -184,7 +186,9 @@ def _child_path_key(spec: BackportSpec) -> list[str]:
     return offering_imports(children.child_path(), tops.union(_CHILD_IMPORTS))
 
 
-def _locate(spec: BackportSpec, kinds: Sequence[Kind], importing: bool) -> Any:
+def _locate(
+    spec: BackportSpec, kinds: Sequence[Kind], importing: bool
+) -> tuple[Resolved, ...] | str | None:
     """Every target resolved, in catalog order (a tuple); why one is absent (a str); or
     None while one waits for its module's import (``importing`` False)."""
     resolved = []
@@ -211,7 +215,7 @@ def _absent_reason(spec: BackportSpec, attribute: str, why: str) -> str:
 
 
 def _target_evidence(
-    spec: BackportSpec, kinds: Sequence[Kind], targets: Sequence[Any], evidence: dict[str, Any]
+    spec: BackportSpec, kinds: Sequence[Kind], targets: Sequence[Resolved], evidence: dict[str, Any]
 ) -> None:
     shown = [
         kind.evidence(target, resolved)
@@ -222,7 +226,7 @@ def _target_evidence(
 
 
 def _refusal(
-    spec: BackportSpec, kinds: Sequence[Kind], targets: Sequence[Any], reads: list[str]
+    spec: BackportSpec, kinds: Sequence[Kind], targets: Sequence[Resolved], reads: list[str]
 ) -> str | None:
     """Why some target must not be patched, or None. ``reads`` concern the first target
     (the vendored module reads its globals from the first target's module)."""
@@ -242,11 +246,11 @@ def _caching() -> bool:
 def _cache_key(
     spec: BackportSpec,
     kinds: Sequence[Kind],
-    targets: Sequence[Any],
+    targets: Sequence[Resolved],
     early: Early,
     in_child: bool,
     plugin: tuple[str, str] | None,
-) -> dict[str, Any] | None:
+) -> dict[str, object] | None:
     if early.hashes is None:
         return None
     try:
@@ -269,9 +273,9 @@ def _cache_key(
 def _from_cache(
     spec: BackportSpec,
     mode: str,
-    key: dict[str, Any] | None,
+    key: dict[str, object] | None,
     evidence: dict[str, Any],
-    targets: tuple[Any, ...],
+    targets: tuple[Resolved, ...],
 ) -> Decision | None:
     """The verdict a process of this environment proved for the very same key, with what
     describes this process (the targets as found here) read afresh."""
@@ -286,7 +290,7 @@ def _from_cache(
     return Decision(spec, mode, Verdict(stored["verdict"]), stored["reason"], kept, targets)
 
 
-def _keep(spec: BackportSpec, key: dict[str, Any] | None, decision: Decision) -> None:
+def _keep(spec: BackportSpec, key: dict[str, object] | None, decision: Decision) -> None:
     """Store a verdict the sniff decided, for the next process with the same key."""
     if key is None or decision.verdict is None:
         return
@@ -295,7 +299,7 @@ def _keep(spec: BackportSpec, key: dict[str, Any] | None, decision: Decision) ->
 
 
 def _replacements(
-    spec: BackportSpec, mode: str, targets: Sequence[Any], module: ModuleType | None = None
+    spec: BackportSpec, mode: str, targets: Sequence[Resolved], module: ModuleType | None = None
 ) -> Replacements:
     """What replaces each target, built once from the vendored module (or ``module``: a
     candidate a sync is about to write): it reads its globals from the first target's
@@ -306,11 +310,15 @@ def _replacements(
     alone = tuple(kind_of(target).replacement(target, module) for target in spec.targets)
     installed = list(alone)
     if mode == WITH_LOCAL_CHANGES and spec.local_changes:
-        installed[0] = wrap_all(alone[0], spec.local_changes)
+        # Local changes wrap a function target's replacement (the catalog's rule).
+        installed[0] = wrap_all(cast(Callable[..., object], alone[0]), spec.local_changes)
+
     return Replacements(alone, tuple(installed))
 
 
-def _unsniffed(spec: BackportSpec, mode: str, early: Early, targets: tuple[Any, ...]) -> Decision:
+def _unsniffed(
+    spec: BackportSpec, mode: str, early: Early, targets: tuple[Resolved, ...]
+) -> Decision:
     """A backport whose sniff starts child interpreters, decided in a job's process where
     the verdict cache has no answer: needed by the evidence that needs no sniff (no release
     says it landed), but nothing shows its replacement carries the fix here, so it is not
@@ -330,7 +338,7 @@ def _sniffed(
     spec: BackportSpec,
     mode: str,
     early: Early,
-    targets: tuple[Any, ...],
+    targets: tuple[Resolved, ...],
     in_child: bool,
 ) -> Decision:
     """The sniff on the installed code, then (where it lacks the fix) on the replacement."""
@@ -385,7 +393,7 @@ def _sniffed(
 
 
 def _built_or_error(
-    spec: BackportSpec, mode: str, targets: Sequence[Any]
+    spec: BackportSpec, mode: str, targets: Sequence[Resolved]
 ) -> Replacements | Exception:
     try:
         return _replacements(spec, mode, targets)
@@ -393,7 +401,7 @@ def _built_or_error(
         return exc
 
 
-def _alone(spec: BackportSpec, targets: Sequence[Any], built: Replacements) -> list[Any]:
+def _alone(spec: BackportSpec, targets: Sequence[Resolved], built: Replacements) -> list[Resolved]:
     return stand_ins(spec, targets, built.alone, composed=False)
 
 
@@ -409,7 +417,7 @@ def _as_result(outcome: SniffResult | BaseException) -> SniffResult:
 
 def _sniff_replacement(
     spec: BackportSpec,
-    targets: Sequence[Any],
+    targets: Sequence[Resolved],
     built: Replacements,
     composed: bool,
     in_child: bool = False,
@@ -454,7 +462,7 @@ def sniff_vendored(
     module: ModuleType,
     *,
     upstream_only: bool,
-    targets: Sequence[Any] | None = None,
+    targets: Sequence[Resolved] | None = None,
 ) -> SniffResult:
     """The entry's sniff on what the applier would install from ``module`` (the vendored
     module, or a candidate), on ``targets`` as resolved (default: resolved here, importing

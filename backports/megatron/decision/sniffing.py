@@ -28,9 +28,9 @@ import threading
 import time
 import types
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import cast
 
-from ..kinds import kind_of
+from ..kinds import Resolved, kind_of
 from ..local_changes import wrap_all
 from ..model import BackportSpec, SniffFailed, SniffResult
 from ..private_globals import with_globals
@@ -99,10 +99,10 @@ def _put_back_environ(before: dict[str, str]) -> None:
             os.environ[name] = value
 
 
-def _generator_states() -> dict[str, Any]:
+def _generator_states() -> dict[str, object]:
     """The states of the random generators a training job seeds (numpy and torch only if
     the process imported them: nothing is imported here)."""
-    states: dict[str, Any] = {"random": random.getstate()}
+    states: dict[str, object] = {"random": random.getstate()}
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         states["numpy"] = numpy.random.get_state()
@@ -112,8 +112,8 @@ def _generator_states() -> dict[str, Any]:
     return states
 
 
-def _set_generator_states(states: dict[str, Any]) -> None:
-    random.setstate(states["random"])
+def _set_generator_states(states: dict[str, object]) -> None:
+    random.setstate(cast(tuple[object, ...], states["random"]))  # ``random.getstate()``'s
     if "numpy" in states:
         sys.modules["numpy"].random.set_state(states["numpy"])
     if "torch" in states:
@@ -138,7 +138,7 @@ def sniffs_in_this_thread() -> Iterator[None]:
 
 
 def run_sniffs(
-    spec: BackportSpec, target_sets: Sequence[Sequence[Any]], *, in_child: bool
+    spec: BackportSpec, target_sets: Sequence[Sequence[Resolved]], *, in_child: bool
 ) -> list[SniffResult | BaseException]:
     """``spec.sniff(targets)`` for each set of targets, each in a thread of its own, side by
     side (a sniff that starts child interpreters waits on them), within the time limit, with
@@ -146,9 +146,9 @@ def run_sniffs(
     ``sniffs_in_this_thread``). Per set: the ``SniffResult``, or what the sniff raised
     (``SniffFailed`` when it timed out, ``TypeError`` for a result of another type)."""
     limit = sniff_time_limit(in_child)
-    outcomes: list[list[Any]] = [[] for _ in target_sets]
+    outcomes: list[list[object]] = [[] for _ in target_sets]
 
-    def sniff(targets: Sequence[Any], outcome: list[Any]) -> None:
+    def sniff(targets: Sequence[Resolved], outcome: list[object]) -> None:
         try:
             outcome.append(spec.sniff(targets))
         except BaseException as exc:
@@ -177,7 +177,7 @@ def run_sniffs(
     return [_outcome(outcome, limit) for outcome in outcomes]
 
 
-def _outcome(outcome: list[Any], limit: float) -> SniffResult | BaseException:
+def _outcome(outcome: list[object], limit: float) -> SniffResult | BaseException:
     if not outcome:
         return SniffFailed(f"sniff timed out after {limit:g} s")
     result = outcome[0]
@@ -186,7 +186,7 @@ def _outcome(outcome: list[Any], limit: float) -> SniffResult | BaseException:
     return TypeError(f"the sniff returned {type(result).__name__}, not a SniffResult")
 
 
-def run_sniff(spec: BackportSpec, targets: Sequence[Any], *, in_child: bool) -> SniffResult:
+def run_sniff(spec: BackportSpec, targets: Sequence[Resolved], *, in_child: bool) -> SniffResult:
     """``run_sniffs`` for one set of targets; raises what the sniff raised."""
     (result,) = run_sniffs(spec, [targets], in_child=in_child)
     if isinstance(result, BaseException):
@@ -194,7 +194,7 @@ def run_sniff(spec: BackportSpec, targets: Sequence[Any], *, in_child: bool) -> 
     return result
 
 
-def stub_of(functions: Sequence[Any]) -> str | None:
+def stub_of(functions: Sequence[object]) -> str | None:
     """The qualified name of the first replacement whose body (past a docstring) is one
     ``raise NotImplementedError``, as ``backports new`` leaves it; None when there is none."""
     for function in functions:
@@ -203,12 +203,12 @@ def stub_of(functions: Sequence[Any]) -> str | None:
     return None
 
 
-def _is_stub(function: Any) -> bool:
+def _is_stub(function: object) -> bool:
     code = getattr(function, "__code__", None)
     if code is None or "NotImplementedError" not in code.co_names:
         return False  # the common case, decided without reading the source
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cast(types.FunctionType, function))))
     except (OSError, TypeError, SyntaxError):
         return False
     definition = tree.body[0] if tree.body else None
@@ -224,32 +224,36 @@ def _is_stub(function: Any) -> bool:
 
 
 def stand_ins(
-    spec: BackportSpec, targets: Sequence[Any], replacements: Sequence[Any], composed: bool
-) -> list[Any]:
+    spec: BackportSpec, targets: Sequence[Resolved], replacements: Sequence[object], composed: bool
+) -> list[Resolved]:
     """Each live target with what the applier makes in its place (``replacements``: the
     vendored objects alone, in catalog order); ``composed``: the first in the local changes."""
     shown = list(replacements)
     if composed and spec.local_changes:
-        shown[0] = sniffable(shown[0], spec)
+        shown[0] = sniffable(
+            cast(Callable[..., object], shown[0]), spec
+        )  # local changes wrap a function
     return [
         kind_of(target).stand_in(target, resolved, replacement)
         for target, resolved, replacement in zip(spec.targets, targets, shown, strict=True)
     ]
 
 
-def _trampoline(*args: Any, **kwargs: Any) -> Any:
+def _trampoline(*args: object, **kwargs: object) -> object:
     # Runs with the globals ``sniffable`` gives it (or a sniff's private copy of them):
     # ``_call`` is defined there, never in this module.
     return _call(globals(), args, kwargs)  # type: ignore[name-defined]  # noqa: F821
 
 
-def sniffable(vendored: Callable[..., Any], spec: BackportSpec) -> Any:
+def sniffable(vendored: Callable[..., object], spec: BackportSpec) -> types.FunctionType:
     """The vendored function in the local changes, as a function whose private globals (a
     sniff's ``with_globals``) reach the vendored function inside."""
     composed = wrap_all(vendored, spec.local_changes)  # built once here: it must build
-    own: dict[str, Any] = {"__builtins__": builtins}
+    own: dict[str, object] = {"__builtins__": builtins}
 
-    def call(namespace: dict[str, Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def call(
+        namespace: dict[str, object], args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> object:
         overrides = {name: value for name, value in namespace.items() if name not in own}
         inner = with_globals(vendored, overrides) if overrides else vendored
         return wrap_all(inner, spec.local_changes)(*args, **kwargs)

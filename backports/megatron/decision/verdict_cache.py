@@ -110,7 +110,7 @@ def _module_sha256(name: str) -> str | None:
     return sha256_file(source)
 
 
-def _plugin(spec: BackportSpec, where: tuple[str, str]) -> dict[str, Any]:
+def _plugin(spec: BackportSpec, where: tuple[str, str]) -> dict[str, object]:
     """What of a plugin decides its entry's verdict besides the target: its distribution
     (an upgrade changes version and RECORD) and its code (an editable install changes
     neither when a file is edited)."""
@@ -128,18 +128,18 @@ def _plugin(spec: BackportSpec, where: tuple[str, str]) -> dict[str, Any]:
 def key(
     spec: BackportSpec,
     vendored_sha256: str,
-    targets: Sequence[dict[str, Any] | None],
+    targets: Sequence[dict[str, object] | None],
     *,
     child_path: Sequence[str] | None,
     plugin: tuple[str, str] | None,
-) -> dict[str, Any] | None:
+) -> dict[str, object] | None:
     """Everything that decides ``spec``'s verdict here, or None when a target cannot be
     keyed (its kind's fingerprint is None: the probe then runs). ``child_path``: the path
     the sniff's child interpreters search (None: the sniff runs in this process)."""
     if any(target is None for target in targets):
         return None
     torch = sys.modules.get("torch")
-    found: dict[str, Any] = {
+    found: dict[str, object] = {
         "format": FORMAT,
         "id": spec.id,
         "python": [sys.executable, sys.version, sys.implementation.cache_tag],
@@ -155,7 +155,7 @@ def key(
     return found
 
 
-def _digest(key: dict[str, Any]) -> str:
+def _digest(key: dict[str, object]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -249,7 +249,7 @@ def _read_entry(path: Path) -> object:
 
 
 def load(
-    spec: BackportSpec, key: dict[str, Any], *, upstream_only: bool | None = None
+    spec: BackportSpec, key: dict[str, object], *, upstream_only: bool | None = None
 ) -> tuple[dict[str, Any], Path] | None:
     """The stored ``verdict``, ``reason`` and ``evidence`` for exactly this key, and the file.
 
@@ -301,7 +301,7 @@ def _proves(entry: dict[str, Any], upstream_only: bool) -> bool:
 
 
 def store(
-    spec: BackportSpec, key: dict[str, Any], verdict: str, reason: str, evidence: dict[str, Any]
+    spec: BackportSpec, key: dict[str, object], verdict: str, reason: str, evidence: dict[str, Any]
 ) -> Path | None:
     """Write the verdict for ``key``; the file written, or None (not kept, or no folder)."""
     if verdict not in KEPT:

@@ -11,9 +11,10 @@ Importing this package imports no kind module: ``kind_of`` loads the one a targe
 names (the job's start-up path pays only for the kinds its catalog uses).
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, Protocol
 
 from ..model import Target
@@ -29,6 +30,12 @@ __all__ = [
 # (module name, attribute): one place that holds a replaced object.
 Site = tuple[str, str]
 
+# A kind's own record of a target found in this process (``function.ResolvedTarget``,
+# ``import_guard.GuardTarget``, ...): every one has ``original`` and ``module_name``, and
+# only the kind that made it reads the rest. The protocol cannot name one type for it (each
+# kind takes its own back), so it stays unchecked at this boundary.
+Resolved = Any
+
 
 class TargetMissing(LookupError):
     """No candidate module defines the target."""
@@ -42,10 +49,10 @@ class Part:
     kind: "Kind"
     backport_id: str
     target: Target
-    resolved: Any
-    replacement: Any
+    resolved: Resolved
+    replacement: object
     sites: tuple[Site, ...]
-    record: Any = None
+    record: object = None
 
 
 @dataclass(frozen=True)
@@ -56,13 +63,13 @@ class Installation:
     mode: str
     parts: tuple[Part, ...]
     # What the install found and said (instances built before a constructor fix, ...).
-    notes: dict[str, Any] = field(default_factory=dict)
+    notes: dict[str, object] = field(default_factory=dict)
 
     @property
     def sites(self) -> tuple[Site, ...]:
         return tuple(site for part in self.parts for site in part.sites)
 
-    def replaced(self) -> Iterator[tuple[Any, Any]]:
+    def replaced(self) -> Iterator[tuple[object, object]]:
         """(what stood there, what stands now) per target: the record ``applied()`` and
         ``status`` read for objects that cannot carry ``__backport__``."""
         for part in self.parts:
@@ -83,42 +90,42 @@ class Kind(Protocol):
     # True: judging it needs child interpreters (the entry's sniff always runs in one).
     sniff_in_child: bool
 
-    def find(self, target: Target, backport_id: str) -> Any | None:
+    def find(self, target: Target, backport_id: str) -> Resolved | None:
         """The target among what this process has imported, importing nothing; None while
         its module is not imported (or, for a kind installed before the import, never)."""
 
-    def resolve(self, target: Target, backport_id: str) -> Any:
+    def resolve(self, target: Target, backport_id: str) -> Resolved:
         """The target, importing its candidate modules; ``TargetMissing`` says why not."""
 
-    def refusal(self, target: Target, resolved: Any, reads: Sequence[str]) -> str | None:
+    def refusal(self, target: Target, resolved: Resolved, reads: Sequence[str]) -> str | None:
         """Why this target must not be replaced (another patch stands there, or it is not
         the shape the vendored code was written against), or None. ``reads``: module
         globals the vendored code looks up on the live module."""
 
-    def fingerprint(self, target: Target, resolved: Any) -> dict[str, Any] | None:
+    def fingerprint(self, target: Target, resolved: Resolved) -> dict[str, object] | None:
         """What decides the verdict about this target, for the verdict cache's key; None
         when it cannot be keyed (the probe then runs)."""
 
-    def stock(self, target: Target, resolved: Any) -> Any:
+    def stock(self, target: Target, resolved: Resolved) -> Resolved:
         """What the entry's sniff judges as the installed code."""
 
-    def replacement(self, target: Target, vendored_module: Any) -> Any:
+    def replacement(self, target: Target, vendored_module: ModuleType) -> object:
         """The vendored object that replaces this target (before any local change)."""
 
-    def stand_in(self, target: Target, resolved: Any, replacement: Any) -> Any:
+    def stand_in(self, target: Target, resolved: Resolved, replacement: object) -> Resolved:
         """What the entry's sniff judges as the vendored code: ``resolved`` with
         ``replacement`` where the original stands."""
 
-    def aliases(self, resolved: Any) -> list[object]:
+    def aliases(self, resolved: Resolved) -> list[object]:
         """Objects whose module-level bindings the installer must find (one shared scan)."""
 
     def install(
         self,
         backport_id: str,
         target: Target,
-        resolved: Any,
-        replacement: Any,
-        markers: dict[str, Any],
+        resolved: Resolved,
+        replacement: object,
+        markers: Mapping[str, object],
         aliases: dict[int, list[Site]],
     ) -> Part:
         """Put ``replacement`` in place (every binding, or none); the part installed."""
@@ -129,24 +136,26 @@ class Kind(Protocol):
     def is_live(self, part: Part) -> bool:
         """Whether ``part``'s replacement still stands where the target is defined."""
 
-    def bound(self, resolved: Any) -> Any:
+    def bound(self, resolved: Resolved) -> object:
         """The very object the defining site holds now (what ``revert`` must put back)."""
 
-    def evidence(self, target: Target, resolved: Any) -> dict[str, Any]:
+    def evidence(self, target: Target, resolved: Resolved) -> dict[str, object]:
         """The target as found, for the report."""
 
-    def existing(self, resolved: Any) -> int:
+    def existing(self, resolved: Resolved) -> int:
         """How many objects built before an install would keep the original's behaviour
         (a constructor fix cannot reach them); 0 for every other kind."""
 
-    def after_install(self, parts: Sequence[Part]) -> tuple[str, dict[str, Any]]:
+    def after_install(self, parts: Sequence[Part]) -> tuple[str, dict[str, object]]:
         """A note for the report once these parts are installed ("" and {} for none)."""
 
     def reverted(self, parts: Sequence[Part]) -> str:
         """What ``revert`` did to these parts, for its report ("restored the original at
         ...")."""
 
-    def unlike_any_version(self, target: Target, resolved: Any) -> AbstractContextManager[bool]:
+    def unlike_any_version(
+        self, target: Target, resolved: Resolved
+    ) -> AbstractContextManager[bool]:
         """For the contract kit: while the block runs, the target is a shape no version of
         it has (True), or the kind has no shape to differ (False)."""
 

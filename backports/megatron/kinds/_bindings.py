@@ -9,7 +9,6 @@ several objects at once (with torch and megatron loaded it reads ~128,000 global
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 _LOG = logging.getLogger(__name__)
 
@@ -17,7 +16,7 @@ _LOG = logging.getLogger(__name__)
 Site = tuple[str, str]
 
 
-def live_namespace(module: object) -> dict[str, Any] | None:
+def live_namespace(module: object) -> dict[str, object] | None:
     """A module's own dict, or None for an entry that cannot be read (a None placeholder, a
     module whose ``__dict__`` raises, a lazy module that fails): never our error."""
     try:
@@ -35,7 +34,7 @@ def holds(site: Site, obj: object) -> bool:
     return namespace is not None and namespace.get(site[1]) is obj
 
 
-def _matches(namespace: dict[str, Any], wanted: list[object]) -> list[tuple[str, object]]:
+def _matches(namespace: dict[str, object], wanted: list[object]) -> list[tuple[str, object]]:
     """The (attribute, value) pairs of ``namespace`` whose value is one of ``wanted`` (one
     to four objects). By identity only: no value's ``__eq__`` or ``__hash__`` runs, and not
     even its type is looked at (a pointer comparison per value keeps a scan of ~128,000

@@ -14,12 +14,12 @@ dynamo never loaded, nothing was compiled.
 
 import sys
 from collections.abc import Iterable
-from typing import Any
+from types import ModuleType
 
 __all__ = ["drop_stale"]
 
 
-def _compiled(dynamo: Any) -> list[str]:
+def _compiled(dynamo: ModuleType) -> list[str]:
     """ "qualname (file:line)" of each code object dynamo holds compiled code for."""
     from torch._dynamo import convert_frame
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list

@@ -9,7 +9,6 @@ report, ``apply`` makes it the job's one warning, and ``status`` says the same.
 import gc
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..model import ResolvedTarget, Target
 from .function import FunctionKind
@@ -45,7 +44,7 @@ class ConstructorKind(FunctionKind):
         owner = resolved.owner
         return _instances(owner) if isinstance(owner, type) else 0
 
-    def evidence(self, target: Target, resolved: ResolvedTarget) -> dict[str, Any]:
+    def evidence(self, target: Target, resolved: ResolvedTarget) -> dict[str, object]:
         return {**super().evidence(target, resolved), "kind": self.name}
 
 

@@ -17,10 +17,10 @@ import marshal
 import os
 import sys
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from ..evidence.fingerprints import distribution_of, sha256_file
 from ..model import ResolvedTarget, Target
@@ -37,7 +37,7 @@ def _is_missing_module(exc: ModuleNotFoundError, name: str) -> bool:
     return exc.name is not None and (name == exc.name or name.startswith(exc.name + "."))
 
 
-def import_candidates(target: Target, found_in: Callable[[ModuleType], Any]) -> Any:
+def import_candidates[T](target: Target, found_in: Callable[[ModuleType], T | None]) -> T:
     """Import the target's candidate modules in order until ``found_in(module)`` finds it
     there; ``TargetMissing`` names what each candidate lacked."""
     tried: list[str] = []
@@ -56,7 +56,7 @@ def import_candidates(target: Target, found_in: Callable[[ModuleType], Any]) -> 
     raise TargetMissing("; ".join(tried))
 
 
-def compiled_body(obj: object) -> Any:
+def compiled_body(obj: object) -> Callable[..., object] | None:
     """The function torch.compile wrapped, when ``obj`` is its wrapper; else None.
 
     torch.compile's wrapper carries the body both as ``_torchdynamo_orig_callable`` and as
@@ -69,7 +69,7 @@ def compiled_body(obj: object) -> Any:
     return None
 
 
-def live_decorator(path: str) -> Callable[..., Any]:
+def live_decorator(path: str) -> Callable[[Callable[..., object]], Callable[..., object]]:
     """The decorator named "module:name", read now: megatron may switch it at run time
     (``megatron.core.jit`` rebinds ``jit_fuser``)."""
     module_name, _, name = path.partition(":")
@@ -79,7 +79,7 @@ def live_decorator(path: str) -> Callable[..., Any]:
     return decorator  # type: ignore[no-any-return]
 
 
-def _ours(held: Any, backport_id: str) -> tuple[Any, Any]:
+def _ours(held: Any, backport_id: str) -> tuple[Any, Callable[..., object] | None]:
     """(what stood there before us, our replacement or None) for the object a site holds."""
     if getattr(held, "__backport__", None) == backport_id:
         # A staticmethod's own ``__wrapped__`` is its function: what stood before is on that.
@@ -92,7 +92,7 @@ def _source_file(path: str | None) -> str | None:
     return os.path.realpath(path) if path else None
 
 
-def _foreign(function: Callable[..., Any], defining: ModuleType) -> str | None:
+def _foreign(function: Callable[..., object], defining: ModuleType) -> str | None:
     """Why ``function`` is not the defining module's own function, or None.
 
     Another patch in place shows as a wrapper (``__wrapped__``, as ``functools.wraps``
@@ -113,7 +113,9 @@ def _foreign(function: Callable[..., Any], defining: ModuleType) -> str | None:
     return None
 
 
-def _decorated_body(original: Any, target: Target) -> tuple[Any, str | None]:
+def _decorated_body(
+    original: Callable[..., object], target: Target
+) -> tuple[Callable[..., object] | None, str | None]:
     """(the undecorated body when ``original`` is the declared decorator's wrapper, else
     None; why it cannot be patched, or None)."""
     compiled = compiled_body(original)
@@ -125,11 +127,11 @@ def _decorated_body(original: Any, target: Target) -> tuple[Any, str | None]:
     return body, None
 
 
-def _shape_probe(*args: Any, **kwargs: Any) -> None:
+def _shape_probe(*args: object, **kwargs: object) -> None:
     """What ``_declared_body`` decorates to learn the code of a decorator's wrapper."""
 
 
-def _declared_body(function: Any, decorator: str) -> Any:
+def _declared_body(function: object, decorator: str) -> Callable[..., object] | None:
     """The function ``function`` wraps when it is the declared decorator's wrapper (a
     ``functools.wraps`` closure as ``torch.no_grad``'s or ``custom_bwd``'s): its code is the
     very code that decorator gives every function it wraps. Else None: another wrapper
@@ -147,7 +149,7 @@ def _declared_body(function: Any, decorator: str) -> Any:
 def _resolved(
     module: ModuleType,
     target: Target,
-    held: Any,
+    held: object,
     backport_id: str,
     defining: ModuleType,
     owner: type | None = None,
@@ -207,7 +209,7 @@ def find_in(module: ModuleType, target: Target, backport_id: str) -> ResolvedTar
     return _in_class(module, target, backport_id)
 
 
-def _copy_function(vendored: Callable[..., Any]) -> types.FunctionType:
+def _copy_function(vendored: object) -> types.FunctionType:
     """A fresh function object, so markers never land on the vendored module's own function."""
     if not isinstance(vendored, types.FunctionType):
         raise TypeError(f"vendored replacement is {type(vendored).__name__}, not a function")
@@ -227,11 +229,11 @@ def _copy_function(vendored: Callable[..., Any]) -> types.FunctionType:
     return copy
 
 
-def _shim(body: Callable[..., Any], like: types.FunctionType) -> types.FunctionType:
+def _shim(body: Callable[..., object], like: types.FunctionType) -> types.FunctionType:
     """A plain function calling ``body`` (a decorator's wrapper): markers set on it never
     overwrite the ``__wrapped__`` that the decorator keeps on its own wrapper."""
 
-    def shim(*args: Any, **kwargs: Any) -> Any:
+    def shim(*args: object, **kwargs: object) -> object:
         return body(*args, **kwargs)
 
     shim.__name__, shim.__qualname__ = like.__name__, like.__qualname__
@@ -244,10 +246,10 @@ def _shim(body: Callable[..., Any], like: types.FunctionType) -> types.FunctionT
 def _made(
     resolved: ResolvedTarget,
     target: Target,
-    vendored: Any,
+    vendored: object,
     backport_id: str,
-    markers: dict[str, Any],
-) -> Any:
+    markers: Mapping[str, object],
+) -> object:
     """The object to put in the owner: a marked copy of the vendored function; for a
     decorated original, a marked shim around the live decorator applied to such a copy;
     for a static method, that inside a ``staticmethod`` marked with the id too (what the
@@ -274,7 +276,7 @@ def _olds(resolved: ResolvedTarget) -> list[object]:
     return [resolved.held, *([resolved.installed] if resolved.installed is not None else [])]
 
 
-def _unlike_any_version(*args: Any, **kwargs: Any) -> None:
+def _unlike_any_version(*args: object, **kwargs: object) -> None:
     raise AssertionError("a stand-in for a target unlike any version: never called")
 
 
@@ -318,7 +320,7 @@ class FunctionKind:
             return f"{resolved.module_name} lacks {', '.join(missing)}"
         return None
 
-    def fingerprint(self, target: Target, resolved: ResolvedTarget) -> dict[str, Any] | None:
+    def fingerprint(self, target: Target, resolved: ResolvedTarget) -> dict[str, object] | None:
         if resolved.foreign is not None or resolved.installed is not None:
             return None
         source = getattr(resolved.module, "__file__", None)
@@ -340,18 +342,17 @@ class FunctionKind:
     def stock(self, target: Target, resolved: ResolvedTarget) -> ResolvedTarget:
         return resolved
 
-    def replacement(self, target: Target, vendored_module: ModuleType) -> Callable[..., Any]:
+    def replacement(self, target: Target, vendored_module: ModuleType) -> Callable[..., object]:
         function = getattr(vendored_module, target.replacement_name)
         if not callable(function):
             raise TypeError(f"{vendored_module.__name__}.{target.replacement_name} is not callable")
         return function  # type: ignore[no-any-return]
 
     def stand_in(
-        self, target: Target, resolved: ResolvedTarget, replacement: Any
+        self, target: Target, resolved: ResolvedTarget, replacement: object
     ) -> ResolvedTarget:
-        return replace(
-            resolved, original=replacement, installed=None, foreign=None, decorated=False
-        )
+        function = cast(Callable[..., object], replacement)  # what ``replacement()`` gave
+        return replace(resolved, original=function, installed=None, foreign=None, decorated=False)
 
     def aliases(self, resolved: ResolvedTarget) -> list[object]:
         # A method's one site is its class: no module aliases.
@@ -362,8 +363,8 @@ class FunctionKind:
         backport_id: str,
         target: Target,
         resolved: ResolvedTarget,
-        replacement: Any,
-        markers: dict[str, Any],
+        replacement: object,
+        markers: Mapping[str, object],
         aliases: dict[int, list[Site]],
     ) -> Part:
         made = _made(resolved, target, replacement, backport_id, markers)
@@ -406,10 +407,10 @@ class FunctionKind:
         except Exception:
             return False
 
-    def bound(self, resolved: ResolvedTarget) -> Any:
+    def bound(self, resolved: ResolvedTarget) -> object:
         return vars(resolved.owner).get(resolved.name)
 
-    def evidence(self, target: Target, resolved: ResolvedTarget) -> dict[str, Any]:
+    def evidence(self, target: Target, resolved: ResolvedTarget) -> dict[str, object]:
         return {
             "module": resolved.module_name,
             "imported_as": resolved.imported_as,
@@ -421,7 +422,7 @@ class FunctionKind:
     def existing(self, resolved: ResolvedTarget) -> int:
         return 0
 
-    def after_install(self, parts: Sequence[Part]) -> tuple[str, dict[str, Any]]:
+    def after_install(self, parts: Sequence[Part]) -> tuple[str, dict[str, object]]:
         """torch.compile's code compiled before a method was replaced may have inlined the
         original: it is dropped (it recompiles with the backport) and named."""
         from ._compiled_code import drop_stale
@@ -455,7 +456,7 @@ class FunctionKind:
             setattr(resolved.owner, resolved.name, held)
 
 
-def _code_sha256(function: Any) -> str:
+def _code_sha256(function: Callable[..., object]) -> str:
     return hashlib.sha256(marshal.dumps(function.__code__)).hexdigest()
 
 

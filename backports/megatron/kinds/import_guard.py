@@ -11,10 +11,10 @@ so the entry's sniff always runs in a child.
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import cast
 
 from ..evidence.fingerprints import distribution_of, import_environment, module_file, sha256_file
 from ..interpreter import import_hooks
@@ -25,7 +25,7 @@ from . import Part, Site
 
 __all__ = ["KIND", "GuardTarget", "ImportGuard", "ImportGuardKind", "no_guard"]
 
-Guard = Callable[[], contextlib.AbstractContextManager[Any]]
+Guard = Callable[[], contextlib.AbstractContextManager[object]]
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ class ImportGuardKind:
     def refusal(self, target: Target, resolved: GuardTarget, reads: Sequence[str]) -> None:
         return None  # no signature: the module's behaviour under the guard is the sniff's
 
-    def fingerprint(self, target: Target, resolved: GuardTarget) -> dict[str, Any] | None:
+    def fingerprint(self, target: Target, resolved: GuardTarget) -> dict[str, object] | None:
         """What the children's answer depends on: the interpreter, the path they search,
         the module's file and its distribution, and whatever else the import reaches on that
         path (any distribution or package put there by hand: ``import_environment``). Not
@@ -153,8 +153,8 @@ class ImportGuardKind:
             raise TypeError(f"{vendored_module.__name__}.{target.replacement_name} is not callable")
         return guard
 
-    def stand_in(self, target: Target, resolved: GuardTarget, replacement: Any) -> GuardTarget:
-        return GuardTarget(resolved.module_name, replacement)
+    def stand_in(self, target: Target, resolved: GuardTarget, replacement: object) -> GuardTarget:
+        return GuardTarget(resolved.module_name, cast(Guard, replacement))
 
     def aliases(self, resolved: GuardTarget) -> list[object]:
         return []
@@ -164,13 +164,14 @@ class ImportGuardKind:
         backport_id: str,
         target: Target,
         resolved: GuardTarget,
-        replacement: Any,
-        markers: dict[str, Any],
+        replacement: object,
+        markers: Mapping[str, object],
         aliases: dict[int, list[Site]],
     ) -> Part:
         record = GuardRecord(resolved.module_name in sys.modules)
+        guard = cast(Guard, replacement)  # what ``replacement()`` gave
         import_hooks.register_around(
-            resolved.module_name, _key(backport_id), _around(replacement, record)
+            resolved.module_name, _key(backport_id), _around(guard, record)
         )
         return Part(self, backport_id, target, resolved, replacement, (), record)
 
@@ -182,14 +183,15 @@ class ImportGuardKind:
         running inside the guard (a finder that answered before ours) is not guarded."""
         if not import_hooks.registered(_key(part.backport_id)):
             return False
-        record: GuardRecord = part.record
+        record = cast(GuardRecord, part.record)  # this kind's parts carry one
+
         executed = part.resolved.module_name in sys.modules
         return not executed or record.executed_before or bool(record.executions)
 
     def bound(self, resolved: GuardTarget) -> Guard:
         return resolved.installed or no_guard
 
-    def evidence(self, target: Target, resolved: GuardTarget) -> dict[str, Any]:
+    def evidence(self, target: Target, resolved: GuardTarget) -> dict[str, object]:
         return {
             "module": resolved.module_name,
             "attribute": target.attribute,
@@ -201,7 +203,7 @@ class ImportGuardKind:
     def existing(self, resolved: GuardTarget) -> int:
         return 0
 
-    def after_install(self, parts: Sequence[Part]) -> tuple[str, dict[str, Any]]:
+    def after_install(self, parts: Sequence[Part]) -> tuple[str, dict[str, object]]:
         module, guard = parts[0].resolved.module_name, parts[0].target.replacement_name
         if module in sys.modules:
             when = "already ran unguarded in this process; a reload or re-import runs"

@@ -8,13 +8,12 @@ it moves to the stale list, which the next uninstall still cleans.
 """
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..model import Target
 from ..session import SESSION
-from . import Installation, Kind, Part, kind_of
+from . import Installation, Kind, Part, Resolved, kind_of
 from ._bindings import bindings_of_each
 
 __all__ = ["Replacement", "Request", "by_kind", "install_all", "installed", "uninstall"]
@@ -27,8 +26,8 @@ class Replacement:
     """What to put in place of one resolved target."""
 
     target: Target
-    resolved: Any
-    replacement: Any
+    resolved: Resolved
+    replacement: object
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class Request:
     backport_id: str
     mode: str
     replacements: Sequence[Replacement]
-    markers: dict[str, Any]
+    markers: Mapping[str, object]
 
 
 def installed(backport_id: str) -> Installation | None:
@@ -133,7 +132,7 @@ def by_kind(parts: Sequence[Part]) -> list[tuple[Kind, list[Part]]]:
     return list(grouped.values())
 
 
-def _after_install(parts: list[Part]) -> dict[str, Any]:
+def _after_install(parts: list[Part]) -> dict[str, object]:
     """What each kind says once its parts are in: ``note`` for the reason, and evidence."""
     note, evidence = "", {}
     for kind, mine in by_kind(parts):

@@ -10,10 +10,9 @@ replaced is the installation kept on the session (``applied()`` and ``status`` r
 
 import contextlib
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import ModuleType
-from typing import Any
 
 from ..evidence.fingerprints import distribution_of, sha256_file
 from ..model import Target
@@ -46,8 +45,8 @@ class ResolvedAttribute:
     imported_as: str
     module: ModuleType
     attribute: str
-    original: Any
-    installed: Any = None
+    original: object
+    installed: object = None
 
     @property
     def module_name(self) -> str:
@@ -63,7 +62,7 @@ def _type_name(obj: object) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _ours(backport_id: str, module: ModuleType, attribute: str, held: Any) -> Any:
+def _ours(backport_id: str, module: ModuleType, attribute: str, held: object) -> object:
     """What stood at the site before our installation, if ``held`` is our replacement."""
     installation = SESSION.installed.get(backport_id)
     for part in getattr(installation, "parts", ()):
@@ -123,7 +122,7 @@ class ModuleAttributeKind:
             return f"{resolved.module_name} lacks {', '.join(missing)}"
         return None
 
-    def fingerprint(self, target: Target, resolved: ResolvedAttribute) -> dict[str, Any] | None:
+    def fingerprint(self, target: Target, resolved: ResolvedAttribute) -> dict[str, object] | None:
         if resolved.installed is not None:
             return None
         source = getattr(resolved.module, "__file__", None)
@@ -144,11 +143,11 @@ class ModuleAttributeKind:
     def stock(self, target: Target, resolved: ResolvedAttribute) -> ResolvedAttribute:
         return resolved
 
-    def replacement(self, target: Target, vendored_module: ModuleType) -> Any:
+    def replacement(self, target: Target, vendored_module: ModuleType) -> object:
         return getattr(vendored_module, target.replacement_name)
 
     def stand_in(
-        self, target: Target, resolved: ResolvedAttribute, replacement: Any
+        self, target: Target, resolved: ResolvedAttribute, replacement: object
     ) -> ResolvedAttribute:
         return replace(resolved, original=replacement, installed=None)
 
@@ -163,8 +162,8 @@ class ModuleAttributeKind:
         backport_id: str,
         target: Target,
         resolved: ResolvedAttribute,
-        replacement: Any,
-        markers: dict[str, Any],
+        replacement: object,
+        markers: Mapping[str, object],
         aliases: dict[int, list[Site]],
     ) -> Part:
         held = vars(resolved.module).get(resolved.attribute)
@@ -190,10 +189,10 @@ class ModuleAttributeKind:
             vars(module).get(resolved.attribute) is part.replacement
         )
 
-    def bound(self, resolved: ResolvedAttribute) -> Any:
+    def bound(self, resolved: ResolvedAttribute) -> object:
         return vars(resolved.module).get(resolved.attribute)
 
-    def evidence(self, target: Target, resolved: ResolvedAttribute) -> dict[str, Any]:
+    def evidence(self, target: Target, resolved: ResolvedAttribute) -> dict[str, object]:
         return {
             "module": resolved.module_name,
             "imported_as": resolved.imported_as,
@@ -206,7 +205,7 @@ class ModuleAttributeKind:
     def existing(self, resolved: ResolvedAttribute) -> int:
         return 0
 
-    def after_install(self, parts: Sequence[Part]) -> tuple[str, dict[str, Any]]:
+    def after_install(self, parts: Sequence[Part]) -> tuple[str, dict[str, object]]:
         return "", {}
 
     def reverted(self, parts: Sequence[Part]) -> str:

@@ -12,11 +12,10 @@ valid inputs: the same layout, the same values, the same output bits.
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 __all__ = ["LocalChange", "wrap_all"]
 
-Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
+Wrapper = Callable[[Callable[..., object]], Callable[..., object]]
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,9 @@ class LocalChange:
         return {"name": self.name, "reason": self.reason}
 
 
-def wrap_all(function: Callable[..., Any], changes: Sequence[LocalChange]) -> Callable[..., Any]:
+def wrap_all(
+    function: Callable[..., object], changes: Sequence[LocalChange]
+) -> Callable[..., object]:
     """``changes[0]`` outermost: it sees the caller's arguments first."""
     for change in reversed(changes):
         function = change.wrap(function)

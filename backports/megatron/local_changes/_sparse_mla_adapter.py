@@ -7,7 +7,6 @@ every fallback (None) decision stays upstream's.
 """
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -16,7 +15,7 @@ from . import _sparse_mla_triton as fused
 
 __all__ = ["kernel_indices", "to_kernel_layout", "with_index_hygiene", "with_lean_copies"]
 
-Function = Callable[..., Any]
+Function = Callable[..., object]
 
 KERNEL_WIDTH = 576  # 512 latent + 64 rope channels: what the TileLang kernels are built for
 NOPE_WIDTH = 512  # NoPE MLA: the latent channels alone
@@ -26,7 +25,9 @@ TOPK_BLOCK = 64  # the kernel walks top-k in blocks of 64
 MIN_KERNEL_HEADS = 16  # the kernel's head tile: fewer heads are padded to it
 
 
-def _kernel_bound(query: Any, key: Any, topk_indices: Any, v_channels: int) -> bool:
+def _kernel_bound(
+    query: torch.Tensor, key: torch.Tensor, topk_indices: torch.Tensor, v_channels: int
+) -> bool:
     """Whether the call has the shape of one the vendored function sends to the kernel.
 
     A cheap guard against preparing inputs for a call that will be declined anyway; the
@@ -55,7 +56,7 @@ def padded_topk(topk: int) -> int:
     return -(-topk // TOPK_BLOCK) * TOPK_BLOCK
 
 
-def _indices_ready(topk_indices: Any) -> bool:
+def _indices_ready(topk_indices: torch.Tensor) -> bool:
     """Already what the kernel takes: int32, top-k a multiple of 64, unsqueeze(2) dense."""
     return bool(
         topk_indices.dtype == torch.int32
@@ -64,7 +65,7 @@ def _indices_ready(topk_indices: Any) -> bool:
     )
 
 
-def kernel_indices(topk_indices: Any, num_keys: int | None) -> Any:
+def kernel_indices(topk_indices: torch.Tensor, num_keys: int | None) -> torch.Tensor:
     """``[b, sq, topk]`` -> int32 ``[b, sq, topk']``, a view of a dense ``[b, sq, 1, topk']``.
 
     topk' is the next multiple of 64 and the extra slots are -1, as the vendored function
@@ -103,7 +104,7 @@ def _largest(dtype: torch.dtype) -> float:
 _WORDS = (torch.complex128, torch.int64)
 
 
-def _copy(dst: Any, src: Any) -> None:
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     """``dst.copy_(src)``, moved as 16- or 8-byte words where both layouts allow it.
 
     A strided copy of 2-byte elements runs well below the memory bandwidth on a GPU; the
@@ -129,7 +130,7 @@ class _ToKernelLayout(torch.autograd.Function):  # type: ignore[misc]
     """
 
     @staticmethod
-    def forward(ctx: Any, x: Any) -> Any:
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> torch.Tensor:
         s, b, h, d = x.shape
         buf = x.new_empty((b, s, h, KERNEL_WIDTH))
         if x.is_cuda and fused.pad_to_kernel_layout(x, buf):
@@ -139,7 +140,9 @@ class _ToKernelLayout(torch.autograd.Function):  # type: ignore[misc]
         return buf
 
     @staticmethod
-    def backward(ctx: Any, grad: Any) -> Any:
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> torch.Tensor | None:
         if not ctx.needs_input_grad[0]:
             return None
         b, s, h, _ = grad.shape
@@ -148,7 +151,7 @@ class _ToKernelLayout(torch.autograd.Function):  # type: ignore[misc]
         return grad_x
 
 
-def to_kernel_layout(x: Any) -> Any:
+def to_kernel_layout(x: torch.Tensor) -> torch.Tensor:
     """The caller's ``[s, b, h, 512]`` as a ``[s, b, h, 576]`` view of a dense
     ``[b, s, h, 576]``: the vendored function's ``permute(1, 0, 2, 3).contiguous()`` then
     returns the kernel's input without copying it."""
@@ -169,14 +172,14 @@ class _ToCallerLayout(torch.autograd.Function):  # type: ignore[misc]
     """
 
     @staticmethod
-    def forward(ctx: Any, out: Any) -> Any:
+    def forward(ctx: torch.autograd.function.FunctionCtx, out: torch.Tensor) -> torch.Tensor:
         b, s, h, d = out.shape
         buf = out.new_empty((s, b, h, d))
         _copy(buf, out.permute(1, 0, 2, 3))
         return buf.permute(1, 0, 2, 3)
 
     @staticmethod
-    def backward(ctx: Any, grad: Any) -> Any:
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
         return grad
 
 
@@ -184,10 +187,10 @@ class _KernelReturningCallerLayout:
     """``SparseMLA`` as the vendored function sees it under lean copies: the same call and
     the same values, the output already in the caller's ``[s, b]`` order (batch > 1)."""
 
-    def __init__(self, kernel: Any) -> None:
+    def __init__(self, kernel: type[torch.autograd.Function]) -> None:
         self._kernel = kernel
 
-    def apply(self, *args: Any) -> Any:
+    def apply(self, *args: object) -> tuple[torch.Tensor, ...]:
         out, *rest = self._kernel.apply(*args)
         if out.ndim == 4 and out.size(0) > 1 and out.stride(-1) == 1:
             out = _ToCallerLayout.apply(out)
@@ -198,10 +201,10 @@ class _TargetSeenByVendored:
     """The live target module, read at call time, except that ``SparseMLA`` is wrapped by
     ``_KernelReturningCallerLayout``. Nothing is written to the module itself."""
 
-    def __init__(self, live_target: Callable[[], Any]) -> None:
+    def __init__(self, live_target: Callable[[], object]) -> None:
         self._live_target = live_target
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         value = getattr(self._live_target(), name)
         if name == "SparseMLA" and value is not None:
             return _KernelReturningCallerLayout(value)
@@ -224,8 +227,12 @@ def _reading_kernel_output_in_caller_layout(inner: Function) -> Function:
 
 def with_index_hygiene(inner: Function) -> Function:
     def fused_sparse_mla_absorbed(
-        query: Any, key: Any, topk_indices: Any, softmax_scale: float, v_channels: int
-    ) -> Any:
+        query: torch.Tensor,
+        key: torch.Tensor,
+        topk_indices: torch.Tensor,
+        softmax_scale: float,
+        v_channels: int,
+    ) -> object:
         if _kernel_bound(query, key, topk_indices, v_channels):
             topk_indices = kernel_indices(topk_indices, num_keys=key.size(0))
         return inner(query, key, topk_indices, softmax_scale, v_channels)
@@ -237,8 +244,12 @@ def with_lean_copies(inner: Function) -> Function:
     output_in_caller_layout = _reading_kernel_output_in_caller_layout(inner)
 
     def fused_sparse_mla_absorbed(
-        query: Any, key: Any, topk_indices: Any, softmax_scale: float, v_channels: int
-    ) -> Any:
+        query: torch.Tensor,
+        key: torch.Tensor,
+        topk_indices: torch.Tensor,
+        softmax_scale: float,
+        v_channels: int,
+    ) -> object:
         call = inner
         if _kernel_bound(query, key, topk_indices, v_channels):
             # Width 576 needs no padding: the vendored function's one contiguous() copy

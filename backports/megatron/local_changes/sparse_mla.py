@@ -12,20 +12,19 @@ catalog is read: the job-start hook reads the catalog in every process.
 """
 
 from collections.abc import Callable
-from typing import Any
 
 from . import LocalChange
 
 __all__ = ["INDEX_HYGIENE", "LEAN_COPIES"]
 
 
-def _with_index_hygiene(inner: Callable[..., Any]) -> Callable[..., Any]:
+def _with_index_hygiene(inner: Callable[..., object]) -> Callable[..., object]:
     from ._sparse_mla_adapter import with_index_hygiene
 
     return with_index_hygiene(inner)
 
 
-def _with_lean_copies(inner: Callable[..., Any]) -> Callable[..., Any]:
+def _with_lean_copies(inner: Callable[..., object]) -> Callable[..., object]:
     from ._sparse_mla_adapter import with_lean_copies
 
     return with_lean_copies(inner)

@@ -1,8 +1,6 @@
 """The errors a sync reports: each a ``BackportError``, so one base class covers every
 user-facing error of the tool (exit status 2 from ``backports sync``, nothing written)."""
 
-from __future__ import annotations
-
 from ..errors import BackportError
 
 __all__ = [

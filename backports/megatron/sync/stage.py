@@ -8,8 +8,6 @@ folder. Ctrl-C is held for those two renames; an error in the second puts the fo
 back; a killed run leaves ``.<name>.sync-old`` for ``recover_interrupted`` to put right.
 """
 
-from __future__ import annotations
-
 import contextlib
 import difflib
 import os

@@ -8,8 +8,6 @@ reads key 0 there, one >= sk reads out of bounds). Every call is recorded, with 
 its inputs, so tests can see what the kernel received.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch

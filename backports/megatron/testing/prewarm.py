@@ -16,8 +16,6 @@ forward and backward kernels were compiled a second time on first use (seen on a
 never raised: the lazy path still works.
 """
 
-from __future__ import annotations
-
 import logging
 import time
 from collections.abc import Iterable
@@ -104,6 +102,6 @@ class CompileCounter(logging.Handler):
         if "begins to compile" in record.getMessage():
             self.count += 1
 
-    def attach(self) -> CompileCounter:
+    def attach(self) -> "CompileCounter":
         logging.getLogger("tilelang.jit.kernel").addHandler(self)
         return self

@@ -16,8 +16,6 @@ The pull request's code runs only in child interpreters (``child``). Everything 
 the rest of the package comes through ``_tool``.
 """
 
-from __future__ import annotations
-
 import argparse
 
 __all__ = ["run"]

@@ -5,8 +5,6 @@ only here), so re-pointing them is one edit. The child interpreters' scripts imp
 names from this module too.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 

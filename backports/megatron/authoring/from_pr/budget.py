@@ -7,8 +7,6 @@ better waited for: its backport would be a fork. The budget is printed with the 
 so a refusal says by how much.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from .errors import Refused

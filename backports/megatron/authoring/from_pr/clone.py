@@ -4,8 +4,6 @@ Read only, offline: nothing is fetched. Git runs with the repository given and n
 an argument git could take for an option (SHAs and ref names are checked before use).
 """
 
-from __future__ import annotations
-
 import os
 import re
 from dataclasses import dataclass

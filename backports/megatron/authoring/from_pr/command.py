@@ -6,8 +6,6 @@ Exit status: 0 written and proven; 1 not proven or refused (nothing written, or 
 ``--keep-unfinished`` the unfinished plugin, which ``backports check`` fails); 2 bad input.
 """
 
-from __future__ import annotations
-
 import argparse
 import re
 import shutil

@@ -1,8 +1,6 @@
 """Everything one ``--from-pr`` run derived, step by step: what the plugin, the README and
 the final report are written from."""
 
-from __future__ import annotations
-
 import re
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -14,17 +14,15 @@ stand-ins. Without it (route c), any difference counts.
 Runs in a child interpreter: the fixed function is the pull request's code.
 """
 
-from __future__ import annotations
-
 import inspect
 import re
 import time
+import types
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from .standin import Observation, Run, Setting, observe
+from .standin import Function, Observation, Run, Setting, WithGlobals, observe
 
 __all__ = ["Found", "recorders_for", "search"]
 
@@ -46,7 +44,7 @@ class Found:
     clean: bool  # both versions returned on the main input
 
 
-def _names(code: Any) -> set[str]:
+def _names(code: types.CodeType) -> set[str]:
     names = set(code.co_names)
     for const in code.co_consts:
         if inspect.iscode(const):
@@ -54,7 +52,9 @@ def _names(code: Any) -> set[str]:
     return names
 
 
-def _touches_device_or_groups(function: Any, namespace: dict[str, Any], depth: int) -> bool:
+def _touches_device_or_groups(
+    function: Function, namespace: Mapping[str, object], depth: int
+) -> bool:
     try:
         source = inspect.getsource(function)
     except (OSError, TypeError):
@@ -70,7 +70,7 @@ def _touches_device_or_groups(function: Any, namespace: dict[str, Any], depth: i
     )
 
 
-def recorders_for(functions: list[Any], namespace: dict[str, Any]) -> tuple[str, ...]:
+def recorders_for(functions: list[Function], namespace: Mapping[str, object]) -> tuple[str, ...]:
     """Module globals the functions call that are megatron functions touching a GPU or a
     process group (their source says so, or that of a function they call), or compiled
     kernels (``torch.compile``, ``jit_fuser``): recorders stand in for them."""
@@ -113,17 +113,17 @@ def _anchors(differing: set[str], both: set[str]) -> tuple[str, ...]:
 
 @dataclass
 class _Explorer:
-    installed: Any
-    fixed: Any
+    installed: Function
+    fixed: Function
     recorders: tuple[str, ...]
     module: str
-    with_globals: Callable[..., Any]
+    with_globals: WithGlobals
     focus: frozenset[str]
     attributes: set[str]
     learned: dict[str, int]
     runs: int = 0
 
-    def run(self, function: Any, setting: Setting) -> Run:
+    def run(self, function: Function, setting: Setting) -> Run:
         chosen = dict(setting.lengths)
         live = Setting(
             dict(setting.arguments),
@@ -183,7 +183,7 @@ def _distance(a: Setting, b: Setting) -> int:
     return len(_choices(a) ^ _choices(b))
 
 
-def _parameters(function: Any) -> list[tuple[str, bool]]:
+def _parameters(function: Function) -> list[tuple[str, bool]]:
     return [
         (name, p.default is not p.empty)
         for name, p in inspect.signature(function).parameters.items()
@@ -192,13 +192,13 @@ def _parameters(function: Any) -> list[tuple[str, bool]]:
 
 
 def search(
-    installed: Any,
-    fixed: Any,
+    installed: Function,
+    fixed: Function,
     *,
     target: str,
     module: str,
     recorders: tuple[str, ...],
-    with_globals: Callable[..., Any],
+    with_globals: WithGlobals,
     focus: frozenset[str] = frozenset(),
     max_runs: int = 4000,
     seconds: float = 60.0,

@@ -9,8 +9,6 @@ changed it since the release), or the symbol is ``absent``; one the pull request
 ``new``, one in a file the distribution does not ship (``megatron/training``) ``not shipped``.
 """
 
-from __future__ import annotations
-
 import ast
 import functools
 import hashlib

@@ -7,8 +7,6 @@ hunks and nothing else: a later commit that rewrote the symbol upstream (for #66
 that does not apply cleanly stops the derivation and is shown.
 """
 
-from __future__ import annotations
-
 import subprocess
 import tempfile
 from pathlib import Path

@@ -1,7 +1,5 @@
 """What each step of ``--from-pr`` finds, as plain frozen data the next step reads."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 
 __all__ = [

@@ -2,8 +2,6 @@
 (pyproject.toml, README.md, the package with entry.py and vendor/<id>/, tests/), written
 into a folder outside the destination; it moves there only once proven."""
 
-from __future__ import annotations
-
 import datetime
 import hashlib
 import pprint

@@ -8,8 +8,6 @@ on the vendored code, upstream-only too; apply/revert; the hashes; a reload),
 the recorded tests can run here; what it says is reported as it is, not required).
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 
 from .child import package_root, run_command, run_module

@@ -5,8 +5,6 @@ fresh-interpreter check inherits it), in a private scratch folder. Writes one JS
 each contract check's name and "ok" or what broke.
 """
 
-from __future__ import annotations
-
 import json
 import sys
 import traceback

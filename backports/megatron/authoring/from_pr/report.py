@@ -1,8 +1,6 @@
 """Step seven: what was derived, and what a person must still write, as lines of text (the
 command prints them; the plugin's README keeps them)."""
 
-from __future__ import annotations
-
 from .budget import BUDGET
 from .derivation import Derivation
 from .model import Commit

@@ -9,8 +9,6 @@
 A number above the clone's newest pull ref is refused in one line: the clone predates it.
 """
 
-from __future__ import annotations
-
 import re
 
 from .clone import Clone

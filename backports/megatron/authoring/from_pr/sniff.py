@@ -6,8 +6,6 @@ imports it uses), and the names those tests observe that the change also touches
 b's focus: the test's observation, lifted onto stand-ins).
 """
 
-from __future__ import annotations
-
 import ast
 import re
 from dataclasses import dataclass, field

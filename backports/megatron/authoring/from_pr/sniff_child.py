@@ -15,8 +15,6 @@ from the fixed one:
 Reads a JSON request file, writes a JSON answer file.
 """
 
-from __future__ import annotations
-
 import importlib
 import inspect
 import json
@@ -24,16 +22,48 @@ import sys
 import time
 import traceback
 import types
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NotRequired, TypedDict, cast
+
+from .standin import Function
 
 __all__ = ["main"]
 
+# The request and answer files are JSON written by ``child.run_child`` and read back there.
+Json = dict[str, Any]
 
-def _unwrapped(obj: Any) -> Any:
-    return inspect.unwrap(obj.__func__ if isinstance(obj, staticmethod) else obj)
+
+class _Test(TypedDict):
+    """One test of the pull request, as the request carries it."""
+
+    id: str
+    source: str
+    function: str
+    names: list[str]
 
 
-def _installed(module_name: str, attribute: str) -> tuple[Any, Any]:
+class _Target(TypedDict):
+    module: str
+    attribute: str
+    replacement: str
+
+
+class _Request(TypedDict):
+    vendored: str
+    main_module: str
+    targets: list[_Target]
+    focus: list[str]
+    max_runs: int
+    search_seconds: float
+    test_seconds: float
+    tests: NotRequired[list[_Test]]
+
+
+def _unwrapped(obj: Callable[..., object]) -> Function:
+    return cast(Function, inspect.unwrap(obj.__func__ if isinstance(obj, staticmethod) else obj))
+
+
+def _installed(module_name: str, attribute: str) -> tuple[Function, types.ModuleType]:
     """(the installed undecorated function, its module)."""
     module = importlib.import_module(module_name)
     owner_name, _, name = attribute.rpartition(".")
@@ -41,15 +71,15 @@ def _installed(module_name: str, attribute: str) -> tuple[Any, Any]:
     return _unwrapped(vars(owner)[name]), module
 
 
-def _test(test: dict[str, Any]) -> Any:
-    namespace: dict[str, Any] = {"__name__": "_backports_upstream_test"}
+def _test(test: _Test) -> Function:
+    namespace: dict[str, object] = {"__name__": "_backports_upstream_test"}
     exec(compile(test["source"], "<upstream test>", "exec"), namespace)
-    return namespace[test["function"]]
+    return cast(Function, namespace[test["function"]])
 
 
 def _route_a(
-    request: dict[str, Any], target: dict[str, Any], installed: Any, fixed: Any
-) -> dict[str, Any] | None:
+    request: _Request, target: _Target, installed: Function, fixed: Function
+) -> Json | None:
     from ._tool import with_globals
     from .standin import run_test, test_binding
 
@@ -77,18 +107,16 @@ def _route_a(
 
 
 def _route_bc(
-    request: dict[str, Any], target: dict[str, Any], installed: Any, fixed: Any, module: Any
-) -> dict[str, Any]:
+    request: _Request,
+    target: _Target,
+    installed: Function,
+    fixed: Function,
+    module: types.ModuleType,
+) -> Json:
     from ._tool import with_globals
     from .explore import recorders_for, search
 
     recorders = recorders_for([installed, fixed], vars(module))
-    common = {
-        "target": target["attribute"],
-        "module": target["module"],
-        "recorders": list(recorders),
-        "with_globals": with_globals,
-    }
     tried = []
     for route, focus in (("b", frozenset(request["focus"])), ("c", frozenset())):
         if route == "b" and not focus:
@@ -97,8 +125,8 @@ def _route_bc(
         found = search(
             installed,
             fixed,
-            target=common["target"],
-            module=common["module"],
+            target=target["attribute"],
+            module=target["module"],
             recorders=recorders,
             with_globals=with_globals,
             focus=focus,
@@ -121,9 +149,7 @@ def _route_bc(
     return {"route": None, "tried": tried, "recorders": list(recorders)}
 
 
-def _one(
-    request: dict[str, Any], target: dict[str, Any], vendored: types.ModuleType
-) -> dict[str, Any]:
+def _one(request: _Request, target: _Target, vendored: types.ModuleType) -> Json:
     installed, module = _installed(target["module"], target["attribute"])
     fixed = getattr(vendored, target["replacement"])
     answer = _route_a(request, target, installed, fixed) if request.get("tests") else None
@@ -138,7 +164,7 @@ def _one(
 def main(argv: list[str]) -> int:
     with open(argv[0], encoding="utf-8") as handle:
         request = json.load(handle)
-    answer: dict[str, Any] = {"targets": {}}
+    answer: Json = {"targets": {}}
     try:
         vendored = importlib.import_module(request["vendored"])
         vendored.__target_module__ = request["main_module"]  # type: ignore[attr-defined]

@@ -21,15 +21,13 @@ fixed code: the facts only the fixed code produced, those only the installed one
 a control call on which both agreed.
 """
 
-from __future__ import annotations
-
 import inspect
 import re
 import sys
 import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import NotRequired, TypedDict
 
 __all__ = [
     "Mismatch",
@@ -48,6 +46,54 @@ _UNPACK = re.compile(r"values to unpack \(expected (\d+)")
 _LEARN_BUDGET = 96  # attributes and lengths one call may learn
 _MAX_TEXT = 60
 
+# A function under sniff (its ``__globals__`` are what a private copy replaces), and the
+# tool's ``with_globals`` that makes that copy (passed in: this module imports no tool code).
+Function = types.FunctionType
+WithGlobals = Callable[[Function, Mapping[str, object]], Callable[..., object]]
+
+
+class SettingJson(TypedDict):
+    """A ``Setting`` as JSON (a frozen observation's ``main`` and ``control``)."""
+
+    arguments: NotRequired[dict[str, str]]
+    truths: NotRequired[dict[str, bool]]
+    lengths: NotRequired[dict[str, int]]
+    attributes: NotRequired[list[str]]
+
+
+class ObservationJson(TypedDict):
+    """An ``Observation`` as JSON (``dataclasses.asdict`` of one, read back)."""
+
+    target: str
+    recorders: list[str]
+    module: str
+    main: SettingJson
+    fixed: list[str]
+    needed: list[str]
+    anchors: list[str]
+    control: SettingJson
+    control_facts: list[str]
+    fixed_at_anchors: NotRequired[list[str]]
+    installed_at_anchors: NotRequired[list[str]]
+
+
+class Facts(TypedDict, total=False):
+    """What ``look`` saw: route (a) the test's outcome; else the facts of both inputs."""
+
+    test: str
+    main: list[str]
+    control: list[str]
+
+
+class SniffEntry(TypedDict, total=False):
+    """One sniffed target as a generated plugin freezes it (``SNIFFS``)."""
+
+    route: str
+    target: str
+    module: str
+    test: str
+    observation: ObservationJson
+
 
 class Mismatch(RuntimeError):
     """The function behaves like neither version, or its control call changed: the sniff
@@ -64,7 +110,7 @@ class Setting:
     lengths: dict[str, int] = field(default_factory=dict)
     attributes: set[str] = field(default_factory=set)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> SettingJson:
         return {
             "arguments": dict(sorted(self.arguments.items())),
             "truths": dict(sorted(self.truths.items())),
@@ -73,7 +119,7 @@ class Setting:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Setting:
+    def from_json(cls, data: SettingJson) -> "Setting":
         return cls(
             dict(data.get("arguments", {})),
             dict(data.get("truths", {})),
@@ -81,7 +127,7 @@ class Setting:
             set(data.get("attributes", ())),
         )
 
-    def copy(self) -> Setting:
+    def copy(self) -> "Setting":
         return Setting.from_json(self.to_json())
 
     def key(self) -> str:
@@ -109,7 +155,7 @@ class Run:
         return n
 
 
-def describe(value: Any) -> str:
+def describe(value: object) -> str:
     """A short, stable text for a value handed to a stand-in or returned."""
     if isinstance(value, StandIn):
         return f"<{object.__getattribute__(value, '_si_path')}>"
@@ -136,8 +182,8 @@ def describe(value: Any) -> str:
     return f"<{type(value).__name__}>"
 
 
-def _binary(symbol: str, reflected: bool = False) -> Callable[[StandIn, Any], StandIn]:
-    def op(self: StandIn, other: Any) -> StandIn:
+def _binary(symbol: str, reflected: bool = False) -> Callable[["StandIn", object], "StandIn"]:
+    def op(self: "StandIn", other: object) -> "StandIn":
         mine = object.__getattribute__(self, "_si_path")
         left, right = (describe(other), mine) if reflected else (mine, describe(other))
         return self._si_child(f"({left} {symbol} {right})")
@@ -145,8 +191,8 @@ def _binary(symbol: str, reflected: bool = False) -> Callable[[StandIn, Any], St
     return op
 
 
-def _unary(symbol: str) -> Callable[[StandIn], StandIn]:
-    def op(self: StandIn) -> StandIn:
+def _unary(symbol: str) -> Callable[["StandIn"], "StandIn"]:
+    def op(self: "StandIn") -> "StandIn":
         return self._si_child(f"({symbol}{object.__getattribute__(self, '_si_path')})")
 
     return op
@@ -160,13 +206,13 @@ class StandIn:
         object.__setattr__(self, "_si_run", run)
         object.__setattr__(self, "_si_children", {})
 
-    def _si_child(self, path: str) -> StandIn:
+    def _si_child(self, path: str) -> "StandIn":
         children = object.__getattribute__(self, "_si_children")
         if path not in children:
             children[path] = StandIn(path, object.__getattribute__(self, "_si_run"))
         return children[path]  # type: ignore[no-any-return]
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> "StandIn":
         path = object.__getattribute__(self, "_si_path")
         run: Run = object.__getattribute__(self, "_si_run")
         key = f"{path}.{name}"
@@ -174,7 +220,7 @@ class StandIn:
             return self._si_child(key)
         raise AttributeError(f"stand-in {path} has no attribute {name!r}", name=name, obj=self)
 
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         path = object.__getattribute__(self, "_si_path")
         run: Run = object.__getattribute__(self, "_si_run")
         run.facts.append(f"set {path}.{name}={describe(value)}")
@@ -185,7 +231,7 @@ class StandIn:
         object.__getattribute__(self, "_si_run").facts.append(f"del {path}.{name}")
         object.__delattr__(self, name)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> StandIn:
+    def __call__(self, *args: object, **kwargs: object) -> "StandIn":
         path = object.__getattribute__(self, "_si_path")
         run: Run = object.__getattribute__(self, "_si_run")
         call = f"call {path}#{run.count(path)}"
@@ -206,32 +252,32 @@ class StandIn:
         run.iterated.append(path)
         return run.setting.lengths.get(path, 0)
 
-    def __iter__(self) -> Iterator[StandIn]:
+    def __iter__(self) -> Iterator["StandIn"]:
         path = object.__getattribute__(self, "_si_path")
         return iter([self._si_child(f"{path}[{i}]") for i in range(len(self))])
 
-    def __getitem__(self, key: Any) -> StandIn:
+    def __getitem__(self, key: object) -> "StandIn":
         return self._si_child(f"{object.__getattribute__(self, '_si_path')}[{describe(key)}]")
 
-    def __setitem__(self, key: Any, value: Any) -> None:
+    def __setitem__(self, key: object, value: object) -> None:
         path = object.__getattribute__(self, "_si_path")
         run: Run = object.__getattribute__(self, "_si_run")
         run.facts.append(f"setitem {path}[{describe(key)}]={describe(value)}")
 
-    def __delitem__(self, key: Any) -> None:
+    def __delitem__(self, key: object) -> None:
         path = object.__getattribute__(self, "_si_path")
         object.__getattribute__(self, "_si_run").facts.append(f"delitem {path}[{describe(key)}]")
 
-    def __contains__(self, item: Any) -> bool:
+    def __contains__(self, item: object) -> bool:
         path = object.__getattribute__(self, "_si_path")
         return bool(self._si_child(f"({describe(item)} in {path})"))
 
-    def __enter__(self) -> StandIn:
+    def __enter__(self) -> "StandIn":
         path = object.__getattribute__(self, "_si_path")
         object.__getattribute__(self, "_si_run").facts.append(f"enter {path}")
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         return None
 
     def __hash__(self) -> int:
@@ -277,22 +323,22 @@ class StandIn:
 class _ModuleView:
     """A module as a private copy of a vendored function sees it: ``overrides`` first."""
 
-    def __init__(self, module: Callable[[], Any], overrides: Mapping[str, Any]) -> None:
+    def __init__(self, module: Callable[[], object], overrides: Mapping[str, object]) -> None:
         self._module = module
         self._overrides = dict(overrides)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         if name in self._overrides:
             return self._overrides[name]
         return getattr(self._module(), name)
 
 
 def _private_copy(
-    function: Any,
-    recorders: Mapping[str, Any],
+    function: Function,
+    recorders: Mapping[str, object],
     module: str,
-    with_globals: Callable[..., Any],
-) -> Any:
+    with_globals: WithGlobals,
+) -> Callable[..., object]:
     """``function`` seeing ``recorders`` in place of those globals of ``module``, whether it
     reads them directly (the installed code), through ``_live_target()`` or through
     ``_live_module(module)`` (vendored code)."""
@@ -300,7 +346,7 @@ def _private_copy(
     live_module = function.__globals__.get("_live_module")
     if callable(live_module):
 
-        def private_live_module(name: str) -> Any:
+        def private_live_module(name: str) -> object:
             if name != module:
                 return live_module(name)
             return _ModuleView(lambda: live_module(name), recorders)
@@ -309,8 +355,8 @@ def _private_copy(
     return with_globals(function, overrides)
 
 
-def _arguments(function: Any, setting: Setting, run: Run) -> dict[str, Any]:
-    arguments: dict[str, Any] = {}
+def _arguments(function: Function, setting: Setting, run: Run) -> dict[str, StandIn | None]:
+    arguments: dict[str, StandIn | None] = {}
     for name, parameter in inspect.signature(function).parameters.items():
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
@@ -323,11 +369,11 @@ def _arguments(function: Any, setting: Setting, run: Run) -> dict[str, Any]:
 
 
 def call(
-    function: Any,
+    function: Function,
     setting: Setting,
     recorders: tuple[str, ...],
     module: str,
-    with_globals: Callable[..., Any],
+    with_globals: WithGlobals,
 ) -> Run:
     """One call of ``function`` with stand-ins as ``setting`` says; never raises."""
     run = Run(setting)
@@ -370,11 +416,11 @@ def learn(run: Run) -> bool:
 
 
 def observe(
-    function: Any,
+    function: Function,
     setting: Setting,
     recorders: tuple[str, ...],
     module: str,
-    with_globals: Callable[..., Any],
+    with_globals: WithGlobals,
     budget: int = _LEARN_BUDGET,
 ) -> Run:
     """Call ``function`` until nothing is left to learn (``setting`` grows in place)."""
@@ -396,36 +442,34 @@ class Observation:
     target: str
     recorders: tuple[str, ...]
     module: str
-    main: dict[str, Any]
+    main: SettingJson
     fixed: tuple[str, ...]
     needed: tuple[str, ...]
     anchors: tuple[str, ...]
-    control: dict[str, Any]
+    control: SettingJson
     control_facts: tuple[str, ...]
     # Everything each version did at the anchors (a call: its every argument).
     fixed_at_anchors: tuple[str, ...] = ()
     installed_at_anchors: tuple[str, ...] = ()
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Observation:
+    def from_json(cls, data: ObservationJson) -> "Observation":
         return cls(
             data["target"],
             tuple(data["recorders"]),
             data["module"],
-            dict(data["main"]),
+            data["main"].copy(),
             tuple(data["fixed"]),
             tuple(data["needed"]),
             tuple(data["anchors"]),
-            dict(data["control"]),
+            data["control"].copy(),
             tuple(data["control_facts"]),
             tuple(data.get("fixed_at_anchors", ())),
             tuple(data.get("installed_at_anchors", ())),
         )
 
 
-def seen(
-    function: Any, observation: Observation, with_globals: Callable[..., Any]
-) -> dict[str, Any]:
+def seen(function: Function, observation: Observation, with_globals: WithGlobals) -> Facts:
     """The facts of ``function`` on the observation's two inputs (JSON-able)."""
     o = observation
     main = observe(function, Setting.from_json(o.main), o.recorders, o.module, with_globals)
@@ -439,7 +483,7 @@ def _same_at(seen: set[str], frozen: tuple[str, ...]) -> bool:
     return not frozen or seen == set(frozen)
 
 
-def judge(facts: Mapping[str, Any], observation: Observation) -> bool:
+def judge(facts: Facts, observation: Observation) -> bool:
     """Fixed (True) or not (False), from ``seen``'s facts; ``Mismatch`` when neither."""
     o = observation
     control = set(facts["control"])
@@ -469,7 +513,7 @@ def judge(facts: Mapping[str, Any], observation: Observation) -> bool:
 # ---- route (a): the pull request's own test, run on a target -------------------------------
 
 
-def test_binding(module_name: str, attribute: str, function: Any) -> tuple[str, Any]:
+def test_binding(module_name: str, attribute: str, function: Function) -> tuple[str, object]:
     """(the name a test uses for the target, what to bind it to in the test's private
     globals): the function itself, or a subclass of its class whose method is ``function``
     (the live class is never written)."""
@@ -484,7 +528,7 @@ def test_binding(module_name: str, attribute: str, function: Any) -> tuple[str, 
     return owner_name, type(owner_name, (owner,), {name: member, "__module__": owner.__module__})
 
 
-def run_test(test: Any, name: str, value: Any, with_globals: Callable[..., Any]) -> str:
+def run_test(test: Function, name: str, value: object, with_globals: WithGlobals) -> str:
     """ "passed", "failed" (an assertion) or "error <type>: <line>" for ``test()`` run with
     ``name`` bound to ``value``."""
     try:
@@ -501,8 +545,8 @@ def run_test(test: Any, name: str, value: Any, with_globals: Callable[..., Any])
 
 
 def look(
-    function: Any, entry: Mapping[str, Any], with_globals: Callable[..., Any], tests: Any = None
-) -> dict[str, Any]:
+    function: Function, entry: SniffEntry, with_globals: WithGlobals, tests: object = None
+) -> Facts:
     """What ``function`` does on the entry's inputs (JSON-able)."""
     if entry["route"] == "a":
         test = getattr(tests, entry["test"])
@@ -511,7 +555,7 @@ def look(
     return seen(function, Observation.from_json(entry["observation"]), with_globals)
 
 
-def decide(facts: Mapping[str, Any], entry: Mapping[str, Any]) -> bool:
+def decide(facts: Facts, entry: SniffEntry) -> bool:
     """Fixed or not from ``look``'s result; ``Mismatch`` when it cannot tell."""
     if entry["route"] == "a":
         if facts["test"] in ("passed", "failed"):

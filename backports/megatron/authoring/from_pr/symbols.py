@@ -6,8 +6,6 @@ helper (a function or a constant the changed code may call). Under ``tests/``, e
 function the pull request added or changed becomes a pytest node id.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 from .clone import Clone

@@ -6,8 +6,6 @@ its function). A line in a class body outside its methods is the class's body; a
 def or class is a module statement (an import, an assignment, a comment).
 """
 
-from __future__ import annotations
-
 import ast
 from dataclasses import dataclass
 

@@ -12,8 +12,6 @@ the function is no longer defined in the class body. Every name the vendored cod
 an installed module must be there, or nothing is written.
 """
 
-from __future__ import annotations
-
 import ast
 import re
 from dataclasses import dataclass, field
