@@ -4,8 +4,6 @@
 Imports nothing: ``sync/`` reads it as the commands do.
 """
 
-__all__ = ["CANNOT_RUN", "DONE", "FAILED", "INTERRUPTED"]
-
 DONE = 0
 # A check failed: `check` found a backport to fix, `--strict` an incompatible one,
 # `audit --fail-on-landed` a landed one, a sync was refused or found drift.

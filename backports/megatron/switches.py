@@ -22,25 +22,6 @@ from collections.abc import Iterable, Mapping
 from .errors import BackportWarning
 from .session import SESSION
 
-__all__ = [
-    "ALLOW_BUILTIN_IDS",
-    "ENABLE",
-    "FALSE",
-    "NAMES",
-    "SKIP",
-    "SKIP_PLUGINS",
-    "TRUE",
-    "UPSTREAM_ONLY",
-    "builtin_ids_allowed",
-    "disabled_reason",
-    "enabled",
-    "flag",
-    "skipped_ids",
-    "skipped_plugins",
-    "upstream_only",
-    "warn_unknown_skips",
-]
-
 ENABLE = "MEGATRON_BACKPORTS"  # off: every backport is disabled
 SKIP = "MEGATRON_BACKPORTS_SKIP"  # comma-separated ids to disable
 UPSTREAM_ONLY = "MEGATRON_BACKPORTS_UPSTREAM_ONLY"  # on: vendored code, no local changes

@@ -14,8 +14,6 @@ from packaging.version import Version
 
 from ..model import BackportSpec, LocalChange, Target, VendoredRef
 
-__all__ = ["problem"]
-
 # An id is a name on the command line, in an environment variable and in a file name.
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")

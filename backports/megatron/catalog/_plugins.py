@@ -38,8 +38,6 @@ from ..model import BackportSpec
 from ..report import Verdict
 from ._checks import problem
 
-__all__ = ["BUILTIN", "GROUP", "Loaded", "Withheld", "load"]
-
 GROUP = "megatron_backports"
 BUILTIN = "builtin"  # the source of the entries this package carries itself
 BUILTIN_PREFIX = "megatron-lm-"  # the ids of this package's own entries

@@ -8,8 +8,6 @@ values, but each name says what a value is.
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DType", "MegatronFunction", "MegatronObject", "Tensor"]
-
 Tensor = Any  # a torch.Tensor
 DType = Any  # a torch.dtype
 MegatronObject = Any  # an instance of a megatron-core class

@@ -18,8 +18,6 @@ from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Targ
 from ..private_globals import with_globals
 from ._untyped import MegatronFunction
 
-__all__ = ["SPEC"]
-
 _NUMEL = 4  # each of the two parameters
 # Compact world tensors (what get_parameter_state_dp_zero returns): 8 elements, the two
 # parameters back to back. exp_avg_sq differs from exp_avg so a swap shows.

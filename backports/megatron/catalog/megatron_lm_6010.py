@@ -18,8 +18,6 @@ from packaging.version import Version
 from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
 from ._untyped import MegatronFunction, Tensor
 
-__all__ = ["SPEC"]
-
 _LLAVA = "megatron.core.models.multimodal.llava_model"
 _MIMO = "megatron.core.models.mimo.model.base"
 

@@ -23,8 +23,6 @@ from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Targ
 from ..private_globals import with_globals
 from ._untyped import MegatronFunction, MegatronObject
 
-__all__ = ["SPEC"]
-
 # What the sniff's stand-in process-group collection holds: one object per group, so that
 # the optimizer's use of each is seen by identity.
 _TP, _EXPERT_TP = "tp group", "expert tp group"

@@ -15,8 +15,6 @@ from packaging.version import Version
 from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
 from ._untyped import MegatronFunction, Tensor
 
-__all__ = ["SPEC"]
-
 _EXPERTS = 4
 # Probe 1: tokens == experts == 4, token t routed to expert t % 4 and token 0 to expert 1
 # too; token 0 is padding. By token: [0, 1, 1, 1]. Lined up against experts (0.19.2): the

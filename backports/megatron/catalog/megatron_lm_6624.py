@@ -21,8 +21,6 @@ from packaging.version import Version
 from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
 from ._untyped import DType, MegatronFunction, Tensor
 
-__all__ = ["SPEC"]
-
 _TOKENS, _IN, _OUT = 3, 4, 4  # a [3, 4] input through a [4, 4] weight, sharded on 2 ranks
 
 

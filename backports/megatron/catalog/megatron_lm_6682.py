@@ -15,8 +15,6 @@ from packaging.version import Version
 from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
 from ._untyped import MegatronFunction
 
-__all__ = ["SPEC"]
-
 # A user turn then an assistant turn; the stand-in tokenizer gives each turn two ids.
 _CONVERSATION = ({"role": "user", "content": "q"}, {"role": "assistant", "content": "a"})
 _IDS_PER_ROLE = {"system": 1, "user": 2, "assistant": 3}

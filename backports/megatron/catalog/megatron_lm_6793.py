@@ -19,8 +19,6 @@ from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Targ
 from ..private_globals import with_globals
 from ._untyped import MegatronFunction, MegatronObject, Tensor
 
-__all__ = ["SPEC"]
-
 # The top-k a micro-batch's computing layer leaves for the layers that share it.
 _F1, _F2 = 1.0, 2.0
 

@@ -32,8 +32,6 @@ from packaging.version import Version
 from ..kinds.module_attribute import ModuleAttribute
 from ..model import VENDOR_PACKAGE, BackportSpec, ResolvedTarget, SniffFailed, SniffResult
 
-__all__ = ["KERNELS", "SPEC", "kernels_in_child"]
-
 _MODULE = "megatron.core.fusions.fused_mla_yarn_rope_apply"
 KERNELS = (
     "rotary_fwd_q_kernel",

@@ -24,8 +24,6 @@ from ..kinds.import_guard import ImportGuard
 from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult
 from ._untyped import MegatronFunction
 
-__all__ = ["SPEC", "import_in_child", "stale_flash_attn"]
-
 _MODULE = "megatron.core.transformer.attention"
 # What flash-attn 2.8.x's flash_attn.cute raises beside a newer nvidia-cutlass-dsl.
 _STALE_ERROR = "module 'cutlass.cute.core' has no attribute 'ThrMma'"

@@ -14,8 +14,6 @@ from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Targ
 from ..private_globals import with_globals
 from ._untyped import MegatronFunction
 
-__all__ = ["SPEC"]
-
 _KERNEL = "sparse_indexer_target_interface"
 # Every version of the predicate accepts 256 and 512 and declines 65: one that does not is
 # not the function the vendored code was written against.

@@ -16,8 +16,6 @@ from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Targ
 from ..private_globals import with_globals
 from ._untyped import MegatronFunction, Tensor
 
-__all__ = ["SPEC"]
-
 _KERNEL_WIDTH = 576
 _TOPK_BLOCK = 64
 

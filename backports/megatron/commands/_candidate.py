@@ -34,8 +34,6 @@ from .. import api
 from ..errors import BackportError
 from ..report import Action, Report, Verdict
 
-__all__ = ["CannotProbe", "audit", "candidate_dir"]
-
 
 class CannotProbe(BackportError):
     """The candidate cannot be probed in this environment; the message names what is missing."""

@@ -11,8 +11,6 @@ from ..errors import BackportError
 from ..report import Action, Report
 from . import _job
 
-__all__ = ["Hook", "site_dir", "site_warning", "status_note", "with_hook"]
-
 
 @dataclass(frozen=True)
 class Hook:

@@ -4,8 +4,6 @@ import argparse
 
 from .output import FORMATS
 
-__all__ = ["VERBOSE_HELP", "add_only", "add_report_formats", "add_site_dir", "only"]
-
 VERBOSE_HELP = "also show other packages' import notices (no CUDA, Transformer Engine, ...)"
 
 

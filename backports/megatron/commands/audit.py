@@ -14,8 +14,6 @@ from .. import exit_status
 from ..report import Report, Verdict
 from . import _candidate, _options, output
 
-__all__ = ["add_arguments", "outcome", "run"]
-
 
 def outcome(report: Report) -> str:
     """What a candidate's verdict means for the backport."""

@@ -28,8 +28,6 @@ from .. import api, exit_status
 from ..report import Action, Report, Verdict
 from . import _hook, _job, _options, output
 
-__all__ = ["Judgement", "add_arguments", "judge", "run"]
-
 _INSTALLED = (Action.INSTALLED, Action.ALREADY_INSTALLED)
 
 

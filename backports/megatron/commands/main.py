@@ -14,8 +14,6 @@ from .. import exit_status
 from ..errors import BackportError
 from . import main_parser, output
 
-__all__ = ["main"]
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command's exit status: its own, whether or not the reader of stdout hung up."""

@@ -20,8 +20,6 @@ from . import COMMANDS, load
 from ._options import VERBOSE_HELP
 from .output import two_columns
 
-__all__ = ["backport_ids", "parse"]
-
 _DISTRIBUTION = "megatron-backports"
 _PLUGIN_GROUP = "megatron_backports"  # plugins.GROUP, not imported: it loads the model
 _GLOBAL_FLAGS = ("-h", "--help", "--version", "-v", "--verbose")  # none takes a value

@@ -6,8 +6,6 @@ from pathlib import Path
 from .. import exit_status
 from ..errors import BackportError
 
-__all__ = ["add_arguments", "run"]
-
 _EXAMPLE = """\
 example:
   backports new --id acme-9999 --pr 9999 \\

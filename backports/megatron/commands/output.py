@@ -52,33 +52,6 @@ from typing import Any, TextIO
 from ..errors import BackportWarning
 from ..report import Report
 
-__all__ = [
-    "ACTION",
-    "ELLIPSIS",
-    "FORMATS",
-    "ID",
-    "KNOWN_LOG_RECORDS",
-    "KNOWN_WARNINGS",
-    "MIN_LAST",
-    "REASON",
-    "SCHEMA_VERSION",
-    "STATUS_COLUMNS",
-    "VERDICT",
-    "Column",
-    "Layout",
-    "core_version",
-    "document",
-    "emit",
-    "fit_note",
-    "import_notices_hidden",
-    "layout_for",
-    "render",
-    "stdout_outliving_its_reader",
-    "summary",
-    "two_columns",
-    "warnings_as_notes",
-]
-
 # ---- the table -------------------------------------------------------------------------------
 
 ELLIPSIS = "…"

@@ -7,8 +7,6 @@ from .. import api, exit_status
 from ..report import Action, Report
 from . import _hook, _job, _options, output
 
-__all__ = ["add_arguments", "run"]
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     _options.add_report_formats(parser)

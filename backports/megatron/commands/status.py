@@ -6,8 +6,6 @@ from .. import api, exit_status
 from ..report import Verdict
 from . import _hook, _options, output
 
-__all__ = ["add_arguments", "run"]
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     _options.add_report_formats(parser)

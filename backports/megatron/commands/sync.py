@@ -6,8 +6,6 @@ its options and its one-line errors; this module only seats it among the command
 
 import argparse
 
-__all__ = ["add_arguments", "run"]
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ..sync import cli  # light: git and tomlkit load only when a sync runs

@@ -5,8 +5,6 @@ import argparse
 import json
 from pathlib import Path
 
-__all__ = ["add_arguments", "run"]
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("id", metavar="ID", help="backport id, e.g. megatron-lm-6114")

@@ -25,8 +25,6 @@ from ..model import BackportSpec
 from ..report import Verdict
 from ..vendored import Integrity, drift_reason, read_upstream
 
-__all__ = ["Early", "FolderHashes", "early_evidence", "hash_folder"]
-
 
 @dataclass(frozen=True)
 class FolderHashes:

@@ -14,14 +14,6 @@ from packaging.version import Version
 from ..evidence.git_ancestry import commit_ancestry
 from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec, SniffResult
 
-__all__ = [
-    "behaviour_reasons",
-    "git_evidence",
-    "one_line",
-    "shown",
-    "unproven_reason",
-]
-
 
 def one_line(exc: BaseException) -> str:
     """``Type: message`` on one line (a message may hold newlines)."""

@@ -35,16 +35,6 @@ from ..local_changes import wrap_all
 from ..model import BackportSpec, SniffFailed, SniffResult
 from ..private_globals import with_globals
 
-__all__ = [
-    "folder_name",
-    "run_sniff",
-    "run_sniffs",
-    "sniff_time_limit",
-    "sniffable",
-    "stand_ins",
-    "stub_of",
-]
-
 # Bounds on one sniff, in seconds: in this process (milliseconds as a rule), and one that
 # starts child interpreters (each imports torch and megatron: tens of seconds on a busy
 # machine). MEGATRON_BACKPORTS_SNIFF_TIMEOUT overrides both.

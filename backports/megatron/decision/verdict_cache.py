@@ -57,18 +57,6 @@ from ..evidence.versions import installed_distribution
 from ..interpreter import once_per_job
 from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec
 
-__all__ = [
-    "CACHE",
-    "CACHE_DIR",
-    "FORMAT",
-    "enabled",
-    "file_name",
-    "key",
-    "load",
-    "locations",
-    "store",
-]
-
 CACHE = "MEGATRON_BACKPORTS_CACHE"  # off: never read or write the cache
 CACHE_DIR = "MEGATRON_BACKPORTS_CACHE_DIR"  # where the cache lives (default: see above)
 # Bump when the file layout or the key's meaning changes. 2: a ``needed`` verdict carries

@@ -3,8 +3,6 @@
 from pathlib import Path
 from typing import Any
 
-__all__ = ["commit_ancestry"]
-
 
 def _git_root(start: Path) -> Path | None:
     for folder in (start, *start.parents):

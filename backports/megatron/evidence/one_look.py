@@ -12,8 +12,6 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["one_look", "remembered"]
-
 
 class _Reads(dict[Hashable, Any]):
     """The reads of one block; ``open`` until the block exits. A context copied inside the

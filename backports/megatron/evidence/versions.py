@@ -16,16 +16,6 @@ from packaging.version import InvalidVersion, Version
 
 from .one_look import remembered
 
-__all__ = [
-    "InstalledVersion",
-    "describe",
-    "first_release_missing",
-    "installed_distribution",
-    "installed_version",
-    "installed_versions",
-    "release_predates",
-]
-
 
 def release_predates(version: Version, release: Version) -> bool:
     """Whether ``version``'s release number is below ``release``'s: ``0.19.0rc0`` does not

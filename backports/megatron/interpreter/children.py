@@ -17,8 +17,6 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 
-__all__ = ["PATH_VARIABLE", "child_path", "run_python"]
-
 PATH_VARIABLE = "MEGATRON_BACKPORTS_CHILD_PATH"
 
 # Run first in every child: its sys.path is the one given (json and os are the standard

@@ -24,15 +24,6 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-__all__ = [
-    "register",
-    "register_around",
-    "register_named",
-    "registered",
-    "unregister",
-    "watched_spec",
-]
-
 Callback = Callable[[ModuleType], None]
 Around = Callable[[ModuleType], contextlib.AbstractContextManager[Any]]
 

@@ -15,8 +15,6 @@ of the package cannot be imported.
 
 import os
 
-__all__ = ["SAID", "claim", "is_rank_zero", "may_say", "record", "release"]
-
 SAID = "MEGATRON_BACKPORTS_SAID"  # comma-separated keys this process or an ancestor said
 _SEPARATOR = ","
 

@@ -17,8 +17,6 @@ from ..interpreter import once_per_job
 from ..report import Action, Report, Verdict
 from ..session import SESSION
 
-__all__ = ["announce", "forget"]
-
 _LOG = logging.getLogger(__name__)
 
 

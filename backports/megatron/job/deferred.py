@@ -25,8 +25,6 @@ from ..session import SESSION
 from .announce import announce
 from .settling import settle
 
-__all__ = ["Watch", "hook_key", "is_deferred", "unwatch", "watch"]
-
 _LOG = logging.getLogger(__name__)
 
 

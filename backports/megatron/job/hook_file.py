@@ -36,20 +36,6 @@ from typing import Any
 
 from ..errors import BackportError
 
-__all__ = [
-    "HOOK_FILE",
-    "START_FILE",
-    "HookState",
-    "default_site_dir",
-    "is_site_dir",
-    "read_hook",
-    "remove_hook",
-    "render",
-    "render_start",
-    "same_hook",
-    "write_hook",
-]
-
 HOOK_FILE = "megatron_backports_startup.pth"
 # PEP 829: the same name, so that on Python 3.15+ it replaces the .pth file's import line.
 START_FILE = "megatron_backports_startup.start"

@@ -15,8 +15,6 @@ from ..report import Verdict
 from ..session import SESSION
 from .deferred import is_deferred
 
-__all__ = ["in_force", "manifest"]
-
 _DISTRIBUTION = "megatron-backports"
 
 

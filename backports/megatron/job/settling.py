@@ -16,8 +16,6 @@ from ..model import UPSTREAM_ONLY, BackportSpec
 from ..report import Action, Report, Verdict
 from ..session import SESSION
 
-__all__ = ["UPSTREAM_ONLY_NOTE", "mode_evidence", "settle"]
-
 # Appended to the reason of a backport that runs (or would run) upstream's code alone.
 UPSTREAM_ONLY_NOTE = " [upstream only: no local changes]"
 

@@ -16,16 +16,6 @@ from typing import Any
 
 from ..interpreter import import_hooks as post_import
 
-__all__ = [
-    "FIRST_IMPORT",
-    "MARKER",
-    "active",
-    "deactivate",
-    "fired",
-    "hand_over",
-    "triggers",
-]
-
 MARKER = "__megatron_backports_trigger__"  # backports.megatron._TRIGGER
 FIRST_IMPORT = "start-up trigger"  # the post_import key of the trigger's one callback
 

@@ -14,16 +14,6 @@ from ..catalog import select
 from . import hook_file
 from .hook_file import HookState
 
-__all__ = [
-    "hook_text",
-    "read_hook",
-    "start_text",
-    "target_modules",
-    "watched_packages",
-    "write_hook",
-]
-
-
 # ---- what the hook file holds --------------------------------------------------------------
 
 

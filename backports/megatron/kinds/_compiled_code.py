@@ -16,8 +16,6 @@ import sys
 from collections.abc import Iterable
 from types import ModuleType
 
-__all__ = ["drop_stale"]
-
 
 def _compiled(dynamo: ModuleType) -> list[str]:
     """ "qualname (file:line)" of each code object dynamo holds compiled code for."""

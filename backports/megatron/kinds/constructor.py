@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from ..model import ResolvedTarget, Target
 from .function import FunctionKind
 
-__all__ = ["KIND", "Constructor", "ConstructorKind"]
-
 
 @dataclass(frozen=True)
 class Constructor(Target):

@@ -27,8 +27,6 @@ from ..model import ResolvedTarget, Target
 from . import Part, Site, TargetMissing
 from ._bindings import live_namespace, rebind_everywhere, restore_everywhere
 
-__all__ = ["KIND", "FunctionKind", "compiled_body", "find_in", "live_decorator"]
-
 _LOG = logging.getLogger(__name__)
 
 

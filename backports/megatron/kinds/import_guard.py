@@ -23,8 +23,6 @@ from ..model import Target
 from ..session import SESSION
 from . import Part, Site
 
-__all__ = ["KIND", "GuardTarget", "ImportGuard", "ImportGuardKind", "no_guard"]
-
 Guard = Callable[[], contextlib.AbstractContextManager[object]]
 
 

@@ -16,8 +16,6 @@ from ..session import SESSION
 from . import Installation, Kind, Part, Resolved, kind_of
 from ._bindings import bindings_of_each
 
-__all__ = ["Replacement", "Request", "by_kind", "install_all", "installed", "uninstall"]
-
 _LOG = logging.getLogger(__name__)
 
 

@@ -21,8 +21,6 @@ from . import Part, Site
 from ._bindings import rebind_everywhere, restore_everywhere
 from .function import import_candidates
 
-__all__ = ["KIND", "ModuleAttribute", "ModuleAttributeKind", "ResolvedAttribute"]
-
 
 @dataclass(frozen=True)
 class ModuleAttribute(Target):

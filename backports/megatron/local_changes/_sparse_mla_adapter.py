@@ -13,8 +13,6 @@ import torch
 from ..private_globals import LIVE_TARGET, with_globals
 from . import _sparse_mla_triton as fused
 
-__all__ = ["kernel_indices", "to_kernel_layout", "with_index_hygiene", "with_lean_copies"]
-
 Function = Callable[..., object]
 
 KERNEL_WIDTH = 576  # 512 latent + 64 rope channels: what the TileLang kernels are built for

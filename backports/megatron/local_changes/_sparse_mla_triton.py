@@ -10,8 +10,6 @@ from typing import Any
 
 import torch
 
-__all__ = ["disabled_because", "kernel_indices", "pad_to_kernel_layout"]
-
 _INDEX_BLOCK = 1024
 _PAD_ROWS = 4
 _LATENT = 512  # the first 512 of the kernel's 576 channels, then a 64-channel tail

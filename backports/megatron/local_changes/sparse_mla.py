@@ -15,8 +15,6 @@ from collections.abc import Callable
 
 from . import LocalChange
 
-__all__ = ["INDEX_HYGIENE", "LEAN_COPIES"]
-
 
 def _with_index_hygiene(inner: Callable[..., object]) -> Callable[..., object]:
     from ._sparse_mla_adapter import with_index_hygiene

@@ -23,8 +23,6 @@ from ..errors import BackportError
 from .errors import Interrupted, Refused
 from .fetch import SHA_RULE
 
-__all__ = ["add_arguments", "default_vendor_dir", "main", "run"]
-
 # The exit statuses of every `backports` command (exit_status), under a sync's names.
 EXIT_DONE, EXIT_REFUSED, EXIT_ERROR = exit_status.DONE, exit_status.FAILED, exit_status.CANNOT_RUN
 EXIT_INTERRUPTED = exit_status.INTERRUPTED

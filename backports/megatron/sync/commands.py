@@ -41,8 +41,6 @@ from .stage import (
 )
 from .verify import local_changes, sniff_candidate
 
-__all__ = ["check", "rehash", "sync"]
-
 # What stands between the staged pair and the swap: raises ``Refused`` to write nothing.
 Proof = Callable[[Path], None]
 

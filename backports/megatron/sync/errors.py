@@ -3,18 +3,6 @@ user-facing error of the tool (exit status 2 from ``backports sync``, nothing wr
 
 from ..errors import BackportError
 
-__all__ = [
-    "FetchError",
-    "Interrupted",
-    "Refused",
-    "RevisionError",
-    "RewriteError",
-    "SourceError",
-    "SyncError",
-    "UsageError",
-    "WriteError",
-]
-
 
 class SyncError(BackportError):
     """Base of every error the sync reports (exit status 2, nothing written)."""

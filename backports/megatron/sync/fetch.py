@@ -22,17 +22,6 @@ from typing import Any
 
 from .errors import FetchError, RevisionError, UsageError
 
-__all__ = [
-    "SHA_RULE",
-    "cache_clone",
-    "cache_dir",
-    "checked_sha",
-    "expand_sha",
-    "fetch",
-    "repo_location",
-    "resolve_commit",
-]
-
 SHA_RULE = "4 to 40 hex digits; a unique prefix is written out in full"
 _SHA = re.compile(r"[0-9a-fA-F]{4,40}")
 

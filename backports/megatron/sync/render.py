@@ -26,8 +26,6 @@ from ..vendored.manifest import unsafe_text
 from .errors import RewriteError, SourceError
 from .scopes import Import, ModuleNames, defines, find_function, global_reads, module_names
 
-__all__ = ["LIVE_TARGET", "LIVE_TARGET_DEF", "Piece", "Provenance", "Vendored", "render"]
-
 LIVE_TARGET = "_live_target"
 LIVE_MODULE = "_live_module"
 # What a synced file defines to find the live target module at call time.

@@ -14,16 +14,6 @@ from dataclasses import dataclass, field
 
 from .errors import RewriteError, SourceError
 
-__all__ = [
-    "GlobalReads",
-    "Import",
-    "ModuleNames",
-    "defines",
-    "find_function",
-    "global_reads",
-    "module_names",
-]
-
 # Module roots whose unconditional imports the vendored file repeats instead of reading
 # them off the target module. Everything from megatron itself is a live look-up.
 _LIVE_IMPORT_ROOTS = frozenset({"megatron"})

@@ -8,8 +8,6 @@ from typing import Any
 from .errors import SourceError
 from .scopes import defines
 
-__all__ = ["Source", "read_other", "read_source"]
-
 
 @dataclass(frozen=True)
 class Source:

@@ -20,16 +20,6 @@ from pathlib import Path
 
 from .errors import WriteError
 
-__all__ = [
-    "leftovers",
-    "read_text",
-    "recover_interrupted",
-    "staged_copy",
-    "swap_in",
-    "unified_diff",
-    "write_file",
-]
-
 _STAGE_INFIX = ".sync-new-"
 _OLD_SUFFIX = ".sync-old"
 

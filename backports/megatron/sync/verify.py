@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Sniffed", "child_main", "local_changes", "sniff_candidate", "sniff_file"]
-
 # The bound on one sniff in the child: importing torch and megatron takes seconds.
 TIMEOUT_S = 300
 _RESULT = "backports-sync-sniff:"  # the child's one line of result, among whatever else

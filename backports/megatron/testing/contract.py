@@ -32,19 +32,6 @@ from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec
 from ..report import Action, Report
 from ..vendored import check_integrity, drift_reason, read_upstream, vendored_module
 
-__all__ = [
-    "CONTRACT",
-    "apply_then_revert_restores_the_very_objects",
-    "apply_then_revert_restores_the_very_objects_upstream_only",
-    "reload_is_patched_again",
-    "sniff_says_fixed_on_the_vendored_code",
-    "sniff_says_fixed_on_the_vendored_code_upstream_only",
-    "sniff_says_needed_on_the_installed_code",
-    "status_lists_it_once",
-    "strict_refuses_a_target_unlike_any_version",
-    "vendored_code_matches_its_hashes",
-]
-
 Check = Callable[[BackportSpec], None]
 
 

@@ -14,8 +14,6 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import BackportError
 
-__all__ = ["check_out", "files_for_tests", "resolve_commit"]
-
 
 def _git(repo: Path, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     git = shutil.which("git")

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LAUNCHERS", "RunResult", "run_pytest"]
-
 PLUGIN = "backports.megatron._apply_for_pytest"
 # python: one pytest process. torchrun: the same under ``torchrun --nproc_per_node 1``, for
 # upstream's harness, which reads LOCAL_RANK and the MASTER_* rendezvous torchrun sets.

@@ -10,20 +10,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = [
-    "BREAKS",
-    "NOTHING",
-    "PROVES",
-    "SCHEMA_VERSION",
-    "Row",
-    "describe_environment",
-    "document",
-    "judge",
-    "markdown",
-    "text",
-    "verdict",
-]
-
 SCHEMA_VERSION = 1
 PROVES = "proves the fix"
 NOTHING = "proves nothing here"

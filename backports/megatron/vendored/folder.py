@@ -14,15 +14,6 @@ from ._outside import BackportError, VendoredRef
 from .integrity import Integrity, folder_integrity
 from .manifest import FILE_NAME, ManifestError, UpstreamToml, parse_upstream
 
-__all__ = [
-    "VendoredFolder",
-    "check_integrity",
-    "folder_of",
-    "folders_under",
-    "locate",
-    "read_upstream",
-]
-
 _BACKPORT_ID = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 
 

@@ -16,15 +16,6 @@ from pathlib import Path
 
 from .manifest import FILE_NAME, UpstreamToml
 
-__all__ = [
-    "Integrity",
-    "digest_of",
-    "drift_reason",
-    "folder_integrity",
-    "python_files_digest",
-    "python_sources",
-]
-
 
 def python_sources(folder: Traversable) -> dict[str, bytes]:
     """Every ``*.py`` file directly in ``folder``: name -> its bytes (what an import of the

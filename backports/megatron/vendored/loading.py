@@ -22,8 +22,6 @@ from ._outside import BackportError, BackportSpec, VendoredRef, wrap_all
 from .folder import locate
 from .integrity import python_sources
 
-__all__ = ["load_replacement", "replacement_functions", "vendored_module"]
-
 
 class _HashedSourceLoader(importlib.abc.Loader):
     """Runs one module from source bytes read beforehand."""

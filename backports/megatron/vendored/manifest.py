@@ -23,17 +23,6 @@ from typing import Any, NotRequired, TypedDict, cast
 
 from ._outside import BackportError
 
-__all__ = [
-    "FILE_NAME",
-    "ManifestError",
-    "UpstreamToml",
-    "manifest_problems",
-    "parse_upstream",
-    "render_upstream",
-    "symbols",
-    "unsafe_text",
-]
-
 FILE_NAME = "UPSTREAM.toml"
 # Written by a sync or --rehash: a folder being set up may not have them yet.
 HASHES = ("sha256", "files_sha256")

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from .errors import Refused
 from .model import Located
 
-__all__ = ["BUDGET", "Budget", "Figures", "check_budget", "figures"]
-
 # Kinds that change nothing at run time, or that the vendored file repeats (imports).
 IGNORED = frozenset({"comment", "import"})
 

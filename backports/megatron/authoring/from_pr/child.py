@@ -16,8 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Done", "package_root", "run_command", "run_module", "skipping"]
-
 # Variables that would change what a child does behind the derivation's back.
 _SCRUBBED_PREFIXES = ("MEGATRON_BACKPORTS", "PYTHON", "BACKPORTS_UPSTREAM_TESTS")
 

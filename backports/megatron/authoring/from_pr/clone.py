@@ -12,8 +12,6 @@ from typing import Any
 
 from .errors import BadInput
 
-__all__ = ["Clone", "Hunk", "open_clone"]
-
 _SHA = re.compile(r"[0-9a-f]{40}")
 _PULL_HEAD = re.compile(r"refs/pull/(\d+)/head")
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.MULTILINE)

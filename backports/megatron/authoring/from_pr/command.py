@@ -32,8 +32,6 @@ from .sniff import focus_names, route_a_tests, synthesise
 from .symbols import changed_symbols
 from .vendor import vendor
 
-__all__ = ["run"]
-
 _ID = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 T = TypeVar("T")
 CHILDREN_NOTICE = (

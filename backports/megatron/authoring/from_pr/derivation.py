@@ -12,8 +12,6 @@ from .sniff import Sniffed
 from .symbols import Changes
 from .vendor import VendoredCode
 
-__all__ = ["Derivation", "Names"]
-
 _GITHUB = re.compile(r"(?:https://github\.com/|git@github\.com:)([\w.-]+/[\w.-]+?)(?:\.git)?/?$")
 
 

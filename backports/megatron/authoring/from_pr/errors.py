@@ -8,8 +8,6 @@ fix is too big to carry. ``NotProven`` (exit 1): a step could not show the backp
 
 from ...errors import BackportError
 
-__all__ = ["BadInput", "FromPrError", "NotProven", "Refused"]
-
 
 class FromPrError(BackportError):
     """Every error of ``--from-pr``; ``exit_code`` is the command's exit status."""

@@ -24,8 +24,6 @@ from dataclasses import dataclass
 
 from .standin import Function, Observation, Run, Setting, WithGlobals, observe
 
-__all__ = ["Found", "recorders_for", "search"]
-
 # What a callee's source says when it allocates on a GPU or talks to a process group.
 _DEVICE_OR_GROUP = re.compile(
     r"\bcuda\b|torch\.distributed|\bdist\.|process_group|_group\b|all_reduce|all_gather|"

@@ -23,8 +23,6 @@ from .errors import BadInput
 from .model import Located, PullRequest, Symbol
 from .units import UnitMap, map_units
 
-__all__ = ["Installed", "installed_distribution", "locate", "module_of", "segment"]
-
 DISTRIBUTION = "megatron-core"
 
 

@@ -13,8 +13,6 @@ from pathlib import Path
 
 from .errors import NotProven
 
-__all__ = ["Conflict", "merge_symbol"]
-
 _MARKERS = ("<<<<<<< ", "||||||| ", "=======", ">>>>>>> ")
 
 

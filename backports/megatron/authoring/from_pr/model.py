@@ -2,14 +2,6 @@
 
 from dataclasses import dataclass, field
 
-__all__ = [
-    "CARRIABLE",
-    "Commit",
-    "Located",
-    "PullRequest",
-    "Symbol",
-]
-
 
 @dataclass(frozen=True)
 class Commit:

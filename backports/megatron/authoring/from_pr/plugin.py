@@ -13,8 +13,6 @@ from .derivation import Derivation
 from .report import HUMAN_TODO, report_lines
 from .sniff import ROUTES
 
-__all__ = ["manifest", "write_plugin"]
-
 STUB = '''\
 # Vendored for megatron-backports; see UPSTREAM.toml beside this file.
 """Unfinished: {why}"""

@@ -2,8 +2,6 @@
 frozen sniff, and the README with the derivation's report (``str.format`` templates:
 ``{{`` is a literal brace)."""
 
-__all__ = ["ENTRY", "README", "SNIFF_DONE", "SNIFF_UNFINISHED", "TARGET"]
-
 TARGET = """\
         Target(
             distribution={distribution!r},

@@ -13,8 +13,6 @@ from pathlib import Path
 from .child import package_root, run_command, run_module
 from .errors import NotProven
 
-__all__ = ["Proof", "prove"]
-
 
 class Proof(list[str]):
     """One line per check, as run."""

@@ -10,8 +10,6 @@ import sys
 import traceback
 from typing import Any
 
-__all__ = ["main"]
-
 
 def main(argv: list[str]) -> int:
     with open(argv[0], encoding="utf-8") as handle:

@@ -6,8 +6,6 @@ from .derivation import Derivation
 from .model import Commit
 from .sniff import ROUTES
 
-__all__ = ["HUMAN_TODO", "report_lines"]
-
 HUMAN_TODO = (
     "the symptom a user sees without the fix (SYMPTOM in entry.py, and the README)",
     "bug_since: the first release with the bug (the derivation only knows the installed one)",

@@ -15,8 +15,6 @@ from .clone import Clone
 from .errors import BadInput, Refused
 from .model import Commit, PullRequest
 
-__all__ = ["resolve_pull_request"]
-
 
 def _head(clone: Clone, number: int) -> Commit:
     sha = clone.ref_sha(f"refs/pull/{number}/head")

@@ -18,8 +18,6 @@ from .errors import NotProven
 from .model import PullRequest, Symbol
 from .vendor import VendoredCode
 
-__all__ = ["Sniffed", "focus_names", "route_a_tests", "synthesise"]
-
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Words too common to say what a test observes.
 _COMMON = frozenset(

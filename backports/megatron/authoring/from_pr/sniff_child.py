@@ -27,8 +27,6 @@ from typing import Any, NotRequired, TypedDict, cast
 
 from .standin import Function
 
-__all__ = ["main"]
-
 # The request and answer files are JSON written by ``child.run_child`` and read back there.
 Json = dict[str, Any]
 

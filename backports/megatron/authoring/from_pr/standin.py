@@ -29,19 +29,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NotRequired, TypedDict
 
-__all__ = [
-    "Mismatch",
-    "Observation",
-    "Run",
-    "Setting",
-    "StandIn",
-    "call",
-    "describe",
-    "judge",
-    "learn",
-    "observe",
-]
-
 _UNPACK = re.compile(r"values to unpack \(expected (\d+)")
 _LEARN_BUDGET = 96  # attributes and lengths one call may learn
 _MAX_TEXT = 60

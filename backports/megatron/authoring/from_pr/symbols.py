@@ -13,8 +13,6 @@ from .errors import Refused
 from .model import PullRequest, Symbol
 from .units import Unit, UnitMap, map_units
 
-__all__ = ["Changes", "changed_symbols"]
-
 SOURCE_ROOT = "megatron/"
 TESTS_ROOT = "tests/"
 

@@ -9,8 +9,6 @@ def or class is a module statement (an import, an assignment, a comment).
 import ast
 from dataclasses import dataclass
 
-__all__ = ["Scope", "Unit", "UnitMap", "map_units"]
-
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _COMPILED = ("jit_fuser", "torch.compile", "torch.jit.script", "compile")
 _TRITON = ("triton.jit", "triton.autotune", "triton.heuristics")

@@ -24,8 +24,6 @@ from .merge import Conflict, merge_symbol
 from .model import Located, PullRequest
 from .units import map_units
 
-__all__ = ["CarriedTarget", "VendoredCode", "vendor"]
-
 _STATIC = ("staticmethod", "classmethod")
 
 

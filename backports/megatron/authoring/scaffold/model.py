@@ -7,8 +7,6 @@ both read these and so import each other not at all.
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Scaffold", "TargetInfo"]
-
 
 @dataclass(frozen=True)
 class TargetInfo:

@@ -6,19 +6,6 @@ every placeholder from a ``Scaffold``.
 
 from .model import Scaffold
 
-__all__ = [
-    "ENTRY",
-    "PACKAGE_INIT",
-    "PYPROJECT",
-    "README",
-    "TESTS",
-    "VENDORED",
-    "VENDORED_INIT",
-    "VENDOR_INIT",
-    "values",
-]
-
-
 _INDENT = " " * 12  # the keyword arguments of Target(...) in ENTRY
 
 
