@@ -3,6 +3,7 @@
 (Processes that reuse a verdict after a real edit of the installed target: test_job_start.)
 """
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -168,7 +169,6 @@ def test_off_reads_and_writes_nothing(tilelang_dsa, cache, monkeypatch):
 
 
 def test_the_key_covers_torch_and_our_own_files(tilelang_dsa, monkeypatch, tmp_path):
-    import torch
 
     spec = by_id(BACKPORT_ID)
     key = decision.cache_key(spec)
@@ -178,7 +178,13 @@ def test_the_key_covers_torch_and_our_own_files(tilelang_dsa, monkeypatch, tmp_p
     assert target["distribution"]["version"] == "0.19.2"
     assert "plugin" not in key  # a builtin's key: its code is ours, covered below
 
-    monkeypatch.setattr(torch, "__version__", "9.9.9")
+    # torch's installed version (its distribution's, read without importing torch)
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata,
+        "version",
+        lambda name: "9.9.9" if name == "torch" else real_version(name),
+    )
     assert decision.cache_key(spec) != key
     monkeypatch.undo()
 

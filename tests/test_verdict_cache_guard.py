@@ -98,6 +98,17 @@ def test_another_interpreter_is_probed_again(site, monkeypatch):
     assert _digest() != before
 
 
+def test_the_key_is_the_same_before_and_after_torch_is_imported(site, monkeypatch):
+    """A job decides #6964's guard at megatron's first import, before torch is imported;
+    `backports apply`, which proved it, had imported torch: one key for both."""
+    import torch
+
+    after = _digest()
+    monkeypatch.delitem(sys.modules, "torch")
+    assert _digest() == after
+    monkeypatch.setitem(sys.modules, "torch", torch)
+
+
 def test_another_path_order_is_probed_again(site, monkeypatch, tmp_path):
     """Two folders offering the same module: which comes first decides what is imported."""
     for name in ("a", "b"):

@@ -39,6 +39,7 @@ in one line), and only a regular file of at most ``MAX_BYTES`` is read (a FIFO o
 """
 
 import hashlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -53,6 +54,7 @@ from typing import Any
 from .. import switches
 from ..errors import BackportWarning
 from ..evidence.fingerprints import our_code, sha256_file
+from ..evidence.one_look import remembered
 from ..evidence.versions import installed_distribution
 from ..interpreter import once_per_job
 from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec
@@ -126,12 +128,11 @@ def key(
     the sniff's child interpreters search (None: the sniff runs in this process)."""
     if any(target is None for target in targets):
         return None
-    torch = sys.modules.get("torch")
     found: dict[str, object] = {
         "format": FORMAT,
         "id": spec.id,
         "python": [sys.executable, sys.version, sys.implementation.cache_tag],
-        "torch": getattr(torch, "__version__", None) if torch is not None else None,
+        "torch": _torch_version(),
         "megatron_backports": our_code(),
         "vendored_sha256": vendored_sha256,
         "targets": list(targets),
@@ -141,6 +142,21 @@ def key(
     if plugin is not None:  # a builtin's key stays as it was: its code is ours
         found["plugin"] = _plugin(spec, plugin)
     return found
+
+
+def _torch_version() -> str | None:
+    """torch's installed version, read without importing it: a job decides an import guard
+    before anything imports torch, and must find the proof ``backports apply`` (which had
+    imported it) keyed the same. The imported module's where no distribution says."""
+
+    def read() -> str | None:
+        try:
+            return importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            torch = sys.modules.get("torch")
+            return None if torch is None else str(getattr(torch, "__version__", None))
+
+    return remembered(("verdict_cache", "torch"), read)
 
 
 def _digest(key: dict[str, object]) -> str:
