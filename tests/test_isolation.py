@@ -262,3 +262,25 @@ def test_with_the_cache_off_a_jobs_process_runs_the_child_sniffs_itself(
     monkeypatch.setattr(api, "_apply", lambda *a, child_sniffs: seen.append(child_sniffs) or [])
     api.apply_in_job()
     assert seen == [child_sniffs]
+
+
+def test_a_folder_a_package_put_on_the_path_keeps_the_childs_proof(tmp_path, monkeypatch):
+    """Importing setuptools appends its ``_vendor`` folder to ``sys.path``: `backports apply`
+    (megatron imported) has it, a job deciding #6964's guard before megatron's import does
+    not. It is inside a package of another folder of the path: no part of the key."""
+    from backports.megatron import decision
+    from backports.megatron.catalog import by_id
+
+    site = tmp_path / "site-packages"
+    (site / "setuptools" / "_vendor" / "packaging").mkdir(parents=True)
+    (site / "setuptools" / "__init__.py").write_text("")
+    (site / "packaging").mkdir()
+    (site / "megatron").mkdir()
+    vendor = site / "setuptools" / "_vendor"
+    spec = by_id("megatron-lm-6964")
+
+    def key_with(path: list[str]) -> list[str]:
+        monkeypatch.setattr(children, "child_path", lambda: path)
+        return decision._child_path_key(spec)
+
+    assert key_with([str(site), str(vendor)]) == key_with([str(site)]) == [str(site)]

@@ -146,6 +146,7 @@ def offering_imports(path: Sequence[str], names: Iterable[str] | None = None) ->
     imports) or a name another folder of ``path`` offers too (which comes first decides).
     A job's own script folder (``train.py``, ``data_utils.py``) is then no part of it: the
     proof ``backports apply`` keeps holds in the job (read once per look)."""
+    path = [folder for folder in path if not _inside_a_package(folder, path)]
     offered = [(folder, _offered(folder)) for folder in path]
     if names is None:
         return [folder for folder, found in offered if found]
@@ -159,6 +160,20 @@ def offering_imports(path: Sequence[str], names: Iterable[str] | None = None) ->
         for folder, found in offered
         if not found.isdisjoint(wanted) or any(counts[name] > 1 for name in found)
     ]
+
+
+def _inside_a_package(folder: str, path: Sequence[str]) -> bool:
+    """Whether ``folder`` lies inside a package of another folder of ``path`` (setuptools
+    puts its ``_vendor`` folder on the path when something imports it): an import that
+    happened here, not where the child's modules come from; it would key a proof taken
+    after that import apart from a process that has not made it yet."""
+    here = Path(folder)
+    for other in path:
+        if other and other != folder and here.is_relative_to(other):
+            first = here.relative_to(other).parts[0]
+            if (Path(other) / first / "__init__.py").is_file():
+                return True
+    return False
 
 
 def _offered(folder: str) -> frozenset[str]:
