@@ -131,6 +131,17 @@ def test_a_folder_that_offers_nothing_changes_no_key(site, monkeypatch, tmp_path
     assert _digest() == before
 
 
+def test_the_folder_of_a_jobs_script_changes_no_key(site, monkeypatch, tmp_path):
+    """`python train.py` puts train.py's folder first on the path; it offers nothing another
+    folder offers: the job finds the proof `backports apply` kept."""
+    before = _digest()
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "train.py").write_text("")
+    (tmp_path / "job" / "data_utils.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "job"))
+    assert _digest() == before
+
+
 def test_an_edit_of_the_guarded_module_is_probed_again(site):
     before = _digest()
     (site / "guarded_by_test" / "attention.py").write_text("HAVE_FA4 = True\n")

@@ -142,8 +142,9 @@ def _folder_contents(folder: str) -> list[Any]:
 def offering_imports(path: Sequence[str], names: Iterable[str] | None = None) -> list[str]:
     """The folders of ``path`` that can change what a child imports: with ``names`` None,
     every folder that offers an import of anything (a ``bin/`` folder of scripts, an empty
-    folder: none); else a folder that offers one of ``names`` (top-level names the child
-    imports) or a name another folder of ``path`` offers too (which comes first decides).
+    folder: none); else a folder pip installs into, one that offers one of ``names``
+    (top-level names the child imports), or one that offers a name another folder of
+    ``path`` offers too (which comes first decides).
     A job's own script folder (``train.py``, ``data_utils.py``) is then no part of it: the
     proof ``backports apply`` keeps holds in the job (read once per look)."""
     path = [folder for folder in path if not _inside_a_package(folder, path)]
@@ -158,8 +159,16 @@ def offering_imports(path: Sequence[str], names: Iterable[str] | None = None) ->
     return [
         folder
         for folder, found in offered
-        if not found.isdisjoint(wanted) or any(counts[name] > 1 for name in found)
+        if _holds_distributions(folder)
+        or not found.isdisjoint(wanted)
+        or any(counts[name] > 1 for name in found)
     ]
+
+
+def _holds_distributions(folder: str) -> bool:
+    """Whether pip installs into ``folder`` (it holds ``.dist-info`` / ``.egg-info``): an
+    install there can change what any import finds."""
+    return any(not isinstance(item, str) for item in _folder_contents(folder))
 
 
 def _inside_a_package(folder: str, path: Sequence[str]) -> bool:
@@ -190,15 +199,15 @@ def _offered(folder: str) -> frozenset[str]:
 
 def _read_import_environment() -> str:
     digest = hashlib.sha256()
-    for folder in sys.path:  # where each folder is, and their order
-        contents = _folder_contents(folder or ".")
-        if contents:
-            digest.update(json.dumps(contents).encode() + b"\n")
+    for folder in offering_imports(sys.path, ()):  # where each folder is, and their order
+        digest.update(json.dumps([folder, _folder_contents(folder)]).encode() + b"\n")
     return digest.hexdigest()
 
 
 def import_environment() -> str:
-    """sha256 over what every folder of ``sys.path`` offers an import. An install, an
+    """sha256 over what the folders of ``sys.path`` that can change an import offer (those
+    pip installs into, and any that shadows another: ``offering_imports``). An install, an
     upgrade or an uninstall by pip changes it; an edit in place of another package's file,
-    outside pip, does not (read once per look)."""
+    outside pip, does not; nor does the folder of the script a job runs (read once per
+    look)."""
     return remembered(("fingerprints", "environment"), _read_import_environment)
