@@ -31,8 +31,16 @@ _CHILD_TIMEOUT_S = 600
 
 # Run in a child: import the module under a guard named "module:qualname" and say how it went.
 _CHILD = """
-import importlib, json, sys
+import importlib, importlib.metadata, json, sys
 module_name, qualname, target = sys.argv[1], sys.argv[2], sys.argv[3]
+# The scenario: a stale flash_attn.cute and no flash-attn-4 distribution, also where one is
+# installed (then the guard stands aside, and FA4 stays on: that is no part of the sniff).
+_version = importlib.metadata.version
+def _version_without_fa4(name):
+    if name.lower().replace("_", "-") == "flash-attn-4":
+        raise importlib.metadata.PackageNotFoundError(name)
+    return _version(name)
+importlib.metadata.version = _version_without_fa4
 guard = importlib.import_module(module_name)
 for part in qualname.split("."):
     guard = getattr(guard, part)
