@@ -162,10 +162,14 @@ class Reader:
 
     env: training_env.TrainingEnv
     home: Path
-    source: Path  # what /path/to/megatron-backports means here
+    source: Path | None  # what /path/to/megatron-backports means here (a copy, never REPO)
 
     def variants(self, command: str) -> Iterator[str]:
-        filled = command.replace(SOURCE_PLACEHOLDER, str(self.source))
+        if SOURCE_PLACEHOLDER in command:
+            # pip builds in the folder it installs: a copy keeps this checkout untouched.
+            assert self.source is not None, f"{command!r} needs a copy of the source"
+            command = command.replace(SOURCE_PLACEHOLDER, str(self.source))
+        filled = command
         optional = re.search(r" \[(--[\w-]+)\]", filled)
         if optional is None:
             yield filled
@@ -218,7 +222,7 @@ def _reader(tmp_path: Path, *, install: bool) -> Reader:
     pip = env.root / "bin" / "pip"
     pip.write_text('#!/bin/sh\nexec "$(dirname "$0")/python" -m pip "$@"\n')
     pip.chmod(0o755)
-    source = training_env._copy_source(tmp_path / "megatron-backports") if not install else REPO
+    source = None if install else training_env._copy_source(tmp_path / "megatron-backports")
     (tmp_path / "work").mkdir()
     return Reader(env, tmp_path, source)
 
