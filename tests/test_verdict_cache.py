@@ -350,3 +350,21 @@ def test_only_a_regular_file_of_a_bounded_size_is_read(tilelang_dsa, cache, kind
         path.write_text(path.read_text() + " " * (4 << 20))
     (report,), _ = _in_a_thread(_apply_quietly)
     assert report.verdict is Verdict.NEEDED and report.evidence["cache"]["hit"] is False
+
+
+def test_an_edit_of_one_entrys_vendored_code_leaves_our_code_as_it_was(monkeypatch, tmp_path):
+    """An installed wheel keeps vendor/ as backports/megatron/_vendor: each entry's key
+    has its own folder's hash, so editing #7617's vendored file must not take #6964's proof
+    (kept by `backports apply`) away from a job."""
+    package = tmp_path / "megatron"
+    (package / "_vendor" / "megatron_lm_7617").mkdir(parents=True)
+    (package / "api.py").write_text("a = 1\n")
+    vendored = package / "_vendor" / "megatron_lm_7617" / "tilelang_dsa.py"
+    vendored.write_text("x = 1\n")
+    monkeypatch.setattr(fingerprints, "_PACKAGE_DIR", package)
+    monkeypatch.setattr(fingerprints, "_VENDORED_INSIDE", package / "_vendor")
+    before = fingerprints._read_our_code()
+    vendored.write_text("x = 1\n# edited\n")
+    assert fingerprints._read_our_code() == before
+    (package / "api.py").write_text("a = 2  # edited\n")
+    assert fingerprints._read_our_code() != before
