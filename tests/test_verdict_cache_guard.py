@@ -326,3 +326,13 @@ def test_audit_never_keeps_a_candidates_verdict(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="stop here"):
         audit._run_child(tmp_path, (), 10, False)
     assert seen["MEGATRON_BACKPORTS_CACHE"] == "0"
+
+
+def test_a_bare_folder_beside_a_jobs_script_changes_no_key(site, monkeypatch, tmp_path):
+    """`python spawn4.py` in a folder that also holds ``venv/`` (no ``__init__.py``): the
+    standard library's ``venv`` package wins over a namespace portion, so no import changes."""
+    before = _digest()
+    (tmp_path / "job" / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "job" / "spawn4.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "job"))
+    assert _digest() == before

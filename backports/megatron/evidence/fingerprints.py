@@ -158,9 +158,12 @@ def offering_imports(path: Sequence[str], names: Iterable[str] | None = None) ->
     offered = [(folder, _offered(folder)) for folder in path]
     if names is None:
         return [folder for folder, found in offered if found]
+    # A clash needs a module or a regular package on each side: a bare folder (``venv/``
+    # beside a job's script) is a namespace portion that no regular package gives way to.
+    regular = {folder: _regular(folder, found) for folder, found in offered}
     counts: dict[str, int] = {}
-    for _, found in offered:
-        for name in found:
+    for names_here in regular.values():
+        for name in names_here:
             counts[name] = counts.get(name, 0) + 1
     wanted = frozenset(names)
     return [
@@ -168,8 +171,18 @@ def offering_imports(path: Sequence[str], names: Iterable[str] | None = None) ->
         for folder, found in offered
         if _holds_distributions(folder)
         or not found.isdisjoint(wanted)
-        or any(counts[name] > 1 for name in found)
+        or any(counts[name] > 1 for name in regular[folder])
     ]
+
+
+def _regular(folder: str, names: frozenset[str]) -> frozenset[str]:
+    """The names of ``folder`` that are modules or regular packages (an ``__init__.py``)."""
+    here = Path(folder)
+    return frozenset(
+        name
+        for name in names
+        if not (here / name).is_dir() or (here / name / "__init__.py").is_file()
+    )
 
 
 def _holds_distributions(folder: str) -> bool:
