@@ -54,6 +54,18 @@ def import_candidates[T](target: Target, found_in: Callable[[ModuleType], T | No
     raise TargetMissing("; ".join(tried))
 
 
+def loaded_candidates[T](target: Target, found_in: Callable[[ModuleType], T | None]) -> T | None:
+    """``found_in`` over the target's candidate modules already imported, in order; None
+    where none holds it (nothing is imported)."""
+    for name in target.modules:
+        module = sys.modules.get(name)
+        if module is not None:
+            found = found_in(module)
+            if found is not None:
+                return found
+    return None
+
+
 def compiled_body(obj: object) -> Callable[..., object] | None:
     """The function torch.compile wrapped, when ``obj`` is its wrapper; else None.
 
@@ -286,13 +298,7 @@ class FunctionKind:
     sniff_in_child = False
 
     def find(self, target: Target, backport_id: str) -> ResolvedTarget | None:
-        for name in target.modules:
-            module = sys.modules.get(name)
-            if module is not None:
-                found = find_in(module, target, backport_id)
-                if found is not None:
-                    return found
-        return None
+        return loaded_candidates(target, lambda module: find_in(module, target, backport_id))
 
     def resolve(self, target: Target, backport_id: str) -> ResolvedTarget:
         found: ResolvedTarget = import_candidates(

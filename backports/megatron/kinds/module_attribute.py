@@ -19,7 +19,7 @@ from ..model import Target
 from ..session import SESSION
 from . import Part, Site
 from ._bindings import rebind_everywhere, restore_everywhere
-from .function import import_candidates
+from .function import import_candidates, loaded_candidates
 
 
 @dataclass(frozen=True)
@@ -93,13 +93,7 @@ class ModuleAttributeKind:
     sniff_in_child = False
 
     def find(self, target: Target, backport_id: str) -> ResolvedAttribute | None:
-        for name in target.modules:
-            module = sys.modules.get(name)
-            if module is not None:
-                found = _in(module, target, backport_id)
-                if found is not None:
-                    return found
-        return None
+        return loaded_candidates(target, lambda module: _in(module, target, backport_id))
 
     def resolve(self, target: Target, backport_id: str) -> ResolvedAttribute:
         found: ResolvedAttribute = import_candidates(
