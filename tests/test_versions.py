@@ -69,3 +69,34 @@ def test_the_installed_distribution_alone_is_reported_plainly(tmp_path: Path) ->
 def test_in_this_process_the_imported_code_is_the_distributions() -> None:
     info = installed_version("megatron-core")
     assert str(info.version) == "0.19.2" and info.distribution_version is None
+
+
+def test_a_package_an_editable_finder_serves_is_found_without_importing_it(tmp_path, monkeypatch):
+    """`pip install -e` of a Megatron-LM checkout puts a finder on ``sys.meta_path``, no
+    folder on ``sys.path``: the package's folder is asked of the finders, name by name, and
+    nothing of it runs (issue 36: git ancestry said "not found on sys.path")."""
+    import importlib.machinery
+    import importlib.util
+
+    from backports.megatron.evidence import versions
+
+    checkout = tmp_path / "Megatron-LM"
+    (checkout / "edpkg" / "core").mkdir(parents=True)
+    (checkout / "edpkg" / "__init__.py").write_text("raise RuntimeError('ran')\n")
+    (checkout / "edpkg" / "core" / "__init__.py").write_text("raise RuntimeError('ran')\n")
+
+    class EditableFinder:  # what setuptools' editable finder does for its packages
+        @staticmethod
+        def find_spec(name, path=None, target=None):  # type: ignore[no-untyped-def]
+            if name == "edpkg":
+                return importlib.util.spec_from_file_location(
+                    name,
+                    checkout / "edpkg" / "__init__.py",
+                    submodule_search_locations=[str(checkout / "edpkg")],
+                )
+            return importlib.machinery.PathFinder.find_spec(name, path)
+
+    monkeypatch.setattr(sys, "meta_path", [EditableFinder, *sys.meta_path])
+    assert versions._package_dir("edpkg.core") == (checkout / "edpkg" / "core").resolve()
+    assert "edpkg" not in sys.modules and "edpkg.core" not in sys.modules
+    assert versions._package_dir("edpkg.nothing") is None

@@ -80,6 +80,35 @@ def _package_dir(package: str) -> Path | None:
         candidate = Path(entry or ".") / relative / "__init__.py"
         if candidate.is_file():
             return candidate.resolve().parent
+    return _found_by_a_finder(package)
+
+
+def _found_by_a_finder(package: str) -> Path | None:
+    """Where a ``sys.meta_path`` finder would import ``package`` from (an editable install's
+    finder: ``pip install -e`` of a Megatron-LM checkout puts no folder on ``sys.path``),
+    asked name by name as the import system asks, without executing any module."""
+    search: list[str] | None = None
+    spec = None
+    parts = package.split(".")
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        spec = None
+        for finder in sys.meta_path:
+            if type(finder).__module__.startswith("backports.megatron"):
+                continue  # ours (the start-up trigger, the import finder): they fire on lookups
+            find = getattr(finder, "find_spec", None)
+            try:
+                spec = find(name, search) if find is not None else None
+            except Exception:  # a finder that cannot answer this question: ask the next
+                spec = None
+            if spec is not None:
+                break
+        if spec is None or spec.submodule_search_locations is None:
+            return None
+        search = list(spec.submodule_search_locations)
+    origin = getattr(spec, "origin", None)
+    if origin and origin.endswith("__init__.py") and Path(origin).is_file():
+        return Path(origin).resolve().parent
     return None
 
 
