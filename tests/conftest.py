@@ -3,6 +3,7 @@
 import functools
 import importlib
 import importlib.metadata
+import os
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -268,3 +269,21 @@ def _real_cache_untouched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     if _CACHE_WRITES:
         shown = "; ".join(dict.fromkeys(_CACHE_WRITES))
         pytest.fail(f"tests wrote to the user's real cache: {shown}", pytrace=False)
+
+
+# ---- one run in random order (issue 36: no test may lean on another's leftovers) -----------
+
+
+def pytest_collection_modifyitems(config, items: list[pytest.Item]) -> None:  # type: ignore[no-untyped-def]
+    """``BACKPORTS_TEST_ORDER_SEED=N`` runs the selection in an order shuffled with seed N
+    (printed in the header), to show no test depends on another's leftovers."""
+    seed = os.environ.get("BACKPORTS_TEST_ORDER_SEED", "").strip()
+    if seed:
+        import random
+
+        random.Random(seed).shuffle(items)
+
+
+def pytest_report_header(config) -> str | None:  # type: ignore[no-untyped-def]
+    seed = os.environ.get("BACKPORTS_TEST_ORDER_SEED", "").strip()
+    return f"test order shuffled with seed {seed}" if seed else None
