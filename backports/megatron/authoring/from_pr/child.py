@@ -7,6 +7,7 @@ folders it needs: this package's and the staged plugin's. Tools started as comma
 """
 
 import contextlib
+import importlib
 import json
 import os
 import subprocess
@@ -38,9 +39,10 @@ def skipping(ids: list[str]) -> Iterator[None]:
 
 def package_root() -> Path:
     """The folder holding ``backports/megatron`` of this installation."""
-    import backports.megatron
-
-    return Path(backports.megatron.__file__).resolve().parents[2]
+    # By its full name: ``import backports.megatron`` binds ``sys.modules["backports"]``,
+    # which setuptools' vendored ``backports`` package may have replaced in this process.
+    package = importlib.import_module("backports.megatron")
+    return Path(str(package.__file__)).resolve().parents[2]
 
 
 @dataclass(frozen=True)
