@@ -76,6 +76,23 @@ def _record(name: str) -> dict[str, Any] | None:
     }
 
 
+def installed_file(name: str, module: str, source: object) -> dict[str, Any] | None:
+    """``source``, the file of ``module``, keyed as the distribution ``name`` installed it
+    (``file``, ``file_sha256``, ``distribution``: what a kind's fingerprint holds of it);
+    None where there is no such file or it is not that distribution's (a checkout, an
+    editable install: nothing then says when it changes)."""
+    if not isinstance(source, str | os.PathLike) or not os.path.isfile(source):
+        return None
+    distribution = distribution_of(name, module, str(source))
+    if distribution is None:
+        return None
+    return {
+        "file": str(source),
+        "file_sha256": sha256_file(str(source)),
+        "distribution": distribution,
+    }
+
+
 def distribution_of(name: str, module: str, source: str) -> dict[str, Any] | None:
     """The installed distribution ``name`` (version, RECORD's sha256: a reinstall that
     changes any file changes it) when ``source`` is its file of ``module``; None when it is

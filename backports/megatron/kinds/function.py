@@ -22,7 +22,7 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any, cast
 
-from ..evidence.fingerprints import distribution_of, sha256_file
+from ..evidence.fingerprints import installed_file
 from ..model import ResolvedTarget, Target
 from . import Part, Site, TargetMissing
 from ._bindings import live_namespace, rebind_everywhere, restore_everywhere
@@ -328,19 +328,17 @@ class FunctionKind:
         if resolved.foreign is not None or resolved.installed is not None:
             return None
         source = getattr(resolved.module, "__file__", None)
-        if not source or not os.path.isfile(source):
-            return None
-        distribution = distribution_of(target.distribution, resolved.module_name, str(source))
-        if distribution is None:
+        installed = installed_file(target.distribution, resolved.module_name, source)
+        if installed is None:
             return None
         return {
             "module": resolved.module_name,
             "imported_as": resolved.imported_as,
-            "file": str(source),
-            "file_sha256": sha256_file(source),
+            "file": installed["file"],
+            "file_sha256": installed["file_sha256"],
             # As loaded: an in-memory replacement compiled under the module's file name too.
             "code_sha256": _code_sha256(resolved.original),
-            "distribution": distribution,
+            "distribution": installed["distribution"],
         }
 
     def stock(self, target: Target, resolved: ResolvedTarget) -> ResolvedTarget:

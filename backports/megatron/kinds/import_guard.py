@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import cast
 
-from ..evidence.fingerprints import distribution_of, import_environment, module_file, sha256_file
+from ..evidence.fingerprints import import_environment, installed_file, module_file
 from ..interpreter import import_hooks
 from ..interpreter.children import child_path
 from ..model import Target
@@ -125,20 +125,18 @@ class ImportGuardKind:
         path (any distribution or package put there by hand: ``import_environment``). Not
         keyed: environment variables the import may read."""
         source = module_file(resolved.module_name, child_path())
-        if source is None:
-            return None
-        distribution = distribution_of(target.distribution, resolved.module_name, str(source))
-        if distribution is None:
+        installed = installed_file(target.distribution, resolved.module_name, source)
+        if installed is None:
             return None
         return {
             "kind": self.name,
             "python": [sys.executable, sys.version, sys.implementation.cache_tag],
             "module": {
                 "name": resolved.module_name,
-                "file": str(source),
-                "file_sha256": sha256_file(source),
+                "file": installed["file"],
+                "file_sha256": installed["file_sha256"],
             },
-            "distribution": distribution,
+            "distribution": installed["distribution"],
             "environment": import_environment(),
         }
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import ModuleType
 
-from ..evidence.fingerprints import distribution_of, sha256_file
+from ..evidence.fingerprints import installed_file
 from ..model import Target
 from ..session import SESSION
 from . import Part, Site
@@ -118,18 +118,16 @@ class ModuleAttributeKind:
         if resolved.installed is not None:
             return None
         source = getattr(resolved.module, "__file__", None)
-        if not source:
-            return None
-        distribution = distribution_of(target.distribution, resolved.module_name, str(source))
-        if distribution is None:
+        installed = installed_file(target.distribution, resolved.module_name, source)
+        if installed is None:
             return None
         return {
             "module": resolved.module_name,
             "attribute": target.attribute,
-            "file": str(source),
-            "file_sha256": sha256_file(source),
+            "file": installed["file"],
+            "file_sha256": installed["file_sha256"],
             "type": _type_name(resolved.original),
-            "distribution": distribution,
+            "distribution": installed["distribution"],
         }
 
     def stock(self, target: Target, resolved: ResolvedAttribute) -> ResolvedAttribute:
