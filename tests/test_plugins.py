@@ -10,8 +10,10 @@ import importlib
 import importlib.metadata
 import itertools
 import json
+import signal
 import sys
 import textwrap
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +29,7 @@ from backports.megatron import (
     revert,
     status,
 )
-from backports.megatron.catalog import MEGATRON_LM_7617, megatron_lm_6964
+from backports.megatron.catalog import MEGATRON_LM_7617, _plugins, megatron_lm_6964
 from backports.megatron.catalog._plugins import GROUP, Withheld
 from backports.megatron.job import startup_hook as job_start
 from tests.conftest import BACKPORT_ID
@@ -436,14 +438,105 @@ def test_a_plugin_sniff_raising_system_exit_is_incompatible_not_the_end(
     assert probed.verdict is Verdict.INCOMPATIBLE
 
 
-def test_keyboard_interrupt_from_a_plugin_is_not_swallowed(
+def test_a_plugin_raising_keyboard_interrupt_itself_is_withheld_not_the_end(
+    make_plugin: MakePlugin,
+) -> None:
+    """No SIGINT arrived: the KeyboardInterrupt is the plugin's own (issue 42), a broken
+    plugin like any other; the builtins and another plugin keep working."""
+    make_plugin("acme-ctrl-c", {"acme-ctrl-c": "raise KeyboardInterrupt"})
+    make_plugin("acme-fine", {"acme-fine": "VALUE = clone('acme-fine')"})
+    assert ids() == [*BUILTINS, "acme-fine"]
+    record = withheld()["acme-ctrl-c"]
+    assert record.verdict is Verdict.INCOMPATIBLE and "acme-ctrl-c 1.0" in record.reason
+    assert ": KeyboardInterrupt; it contributes nothing" in record.reason
+
+
+def test_the_users_ctrl_c_during_a_plugins_import_still_stops(
     make_plugin: MakePlugin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    make_plugin("acme-ctrl-c", {"acme-ctrl-c": "raise KeyboardInterrupt"})
+    """A SIGINT arriving while the plugin imports (as from the terminal): it goes through,
+    and the SIGINT handler is the one it was before."""
+    body = "import signal\nsignal.raise_signal(signal.SIGINT)\nVALUE = clone('acme-slow')"
+    make_plugin("acme-slow", {"acme-slow": body})
+    handler = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):
         catalog.entries()
-    monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP_PLUGINS", "acme-ctrl-c")  # for the teardown
+    assert signal.getsignal(signal.SIGINT) is handler
+    monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP_PLUGINS", "acme-slow")  # for the teardown
     catalog.reload()
+
+
+def test_a_keyboard_interrupt_off_the_main_thread_is_never_the_users(
+    make_plugin: MakePlugin,
+) -> None:
+    """Python raises a SIGINT's KeyboardInterrupt in the main thread only: catalog loaded
+    from another thread (a job's own loader thread) withholds the plugin."""
+    make_plugin("acme-ctrl-c", {"acme-ctrl-c": "raise KeyboardInterrupt"})
+    seen: list[object] = []
+    worker = threading.Thread(target=lambda: seen.append(withheld()))
+    worker.start()
+    worker.join(timeout=60)
+    (records,) = seen
+    assert "acme-ctrl-c" in records  # type: ignore[operator]
+
+
+def test_a_slow_plugin_import_is_said_while_it_runs_and_still_loads(
+    make_plugin: MakePlugin, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(_plugins, "SLOW_IMPORT_S", 0.05)
+    make_plugin("acme-slow", {"acme-slow": "import time\ntime.sleep(0.5)\nVALUE = clone('acme-s')"})
+    assert ids() == [*BUILTINS, "acme-s"]
+    err = capfd.readouterr().err
+    assert err == (
+        "backports: warning: importing entry point 'acme-slow' of acme-slow 1.0 has taken over "
+        "0.05 s and goes on (it runs at every job start; "
+        "MEGATRON_BACKPORTS_SKIP_PLUGINS=acme-slow leaves it out)\n"
+    )
+
+
+def test_a_quick_plugin_import_says_nothing(
+    make_plugin: MakePlugin, capfd: pytest.CaptureFixture[str]
+) -> None:
+    make_plugin("acme-quick", {"acme-quick": "VALUE = clone('acme-q')"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert ids() == [*BUILTINS, "acme-q"]
+    assert capfd.readouterr().err == ""
+    assert not [t for t in threading.enumerate() if isinstance(t, threading.Timer)]
+
+
+_THREADING = """
+import threading
+STOP = threading.Event()
+threading.Thread(target=STOP.wait, name="acme-telemetry", daemon={daemon}).start()
+VALUE = clone('acme-t')
+"""
+
+
+def test_a_plugin_starting_a_non_daemon_thread_at_import_is_named(
+    make_plugin: MakePlugin,
+) -> None:
+    """Such a thread keeps the interpreter at its exit: said in one warning, naming the
+    plugin, the thread and the switch; the plugin's entries still load."""
+    package = make_plugin("acme-threads", {"acme-threads": _THREADING.format(daemon=False)})
+    try:
+        with pytest.warns(BackportWarning) as caught:
+            assert ids() == [*BUILTINS, "acme-t"]
+    finally:
+        sys.modules[f"{package}.entry0"].STOP.set()
+    (said,) = [str(w.message) for w in caught]
+    assert said.startswith("entry point 'acme-threads' of acme-threads 1.0 started thread(s) ")
+    assert "'acme-telemetry'" in said and "MEGATRON_BACKPORTS_SKIP_PLUGINS=acme-threads" in said
+
+
+def test_a_daemon_thread_started_at_import_is_no_warning(make_plugin: MakePlugin) -> None:
+    package = make_plugin("acme-threads", {"acme-threads": _THREADING.format(daemon=True)})
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert ids() == [*BUILTINS, "acme-t"]
+    finally:
+        sys.modules[f"{package}.entry0"].STOP.set()
 
 
 def _bad(change: str) -> str:

@@ -12,8 +12,20 @@ another entry claims too, contributes nothing and becomes one ``Withheld`` recor
 ``incompatible`` report naming the distribution, never an exception out of the loader.
 So does one holding an entry with a field of the wrong type or an empty one
 (``spec_checks``): the reason names the field, and every other backport keeps working.
-Any ``BaseException`` but ``KeyboardInterrupt`` (a ``SystemExit`` from an ``argparse`` at
-module level) is such a failure too.
+Any ``BaseException`` (a ``SystemExit`` from an ``argparse`` at module level, a
+``KeyboardInterrupt`` the plugin raises itself) is such a failure too: a plugin never ends
+the job. Only the user's Ctrl-C goes through: a ``KeyboardInterrupt`` while a SIGINT arrived
+during the import (``_UserInterrupts``).
+
+A plugin's import runs at every job's start, in every rank, so two more things are watched
+(``_watched``). An import that takes longer than ``SLOW_IMPORT_S`` is said at once, on
+stderr, while it still runs, naming the plugin and the switch that leaves it out: it is not
+given up on, because Python cannot stop an import midway, and one abandoned in a thread would
+run on beside the job holding import locks of the modules it was importing (megatron's
+among them). A thread the import starts that is not a daemon thread is named in one
+``BackportWarning``: the interpreter waits for such threads at its exit, so a finished job
+would hang there. It is not made a daemon behind the plugin's back (that kills it midway at
+exit, whatever it was writing).
 ``MEGATRON_BACKPORTS_SKIP_PLUGINS=dist,...`` turns distributions off without importing them.
 
 A plugin never knocks out a builtin: one that claims a builtin's id is withheld, the builtin
@@ -26,14 +38,21 @@ entry points and judges what they hold.
 """
 
 import importlib.metadata
+import signal
+import sys
+import threading
+import warnings
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
+from types import FrameType
 from typing import Any
 
 from packaging.utils import canonicalize_name
 
 from .. import switches
+from ..errors import BackportWarning
 from ..model import BackportSpec
 from ..report import Verdict
 from ._checks import problem
@@ -41,6 +60,9 @@ from ._checks import problem
 GROUP = "megatron_backports"
 BUILTIN = "builtin"  # the source of the entries this package carries itself
 BUILTIN_PREFIX = "megatron-lm-"  # the ids of this package's own entries
+# A plugin's import is said on stderr once it has run this long (it runs at every job start;
+# importing megatron-core and torch for the first time takes about 10 s on a busy node).
+SLOW_IMPORT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -124,20 +146,101 @@ def _label(spec: BackportSpec) -> str:
 
 def _load_one(entry_point: importlib.metadata.EntryPoint) -> _Plugin:
     distribution, source = _source(entry_point)
-    try:
-        entries, problem = _as_entries(entry_point.load())
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        # A plugin's bug must not break (nor end: SystemExit from an argparse at module
-        # level) the job that imports megatron. Only the user's Ctrl-C goes through.
-        problem = f"failed to load {entry_point.value}: {_one_line(exc)}"
-        entries = ()
+    label = f"entry point {entry_point.name!r} of {source}"
+    with _UserInterrupts() as user, _watched(label, distribution):
+        try:
+            entries, problem = _as_entries(entry_point.load())
+        except BaseException as exc:
+            # A plugin's bug must not break (nor end: SystemExit from an argparse at module
+            # level, a KeyboardInterrupt of its own) the job that imports megatron.
+            if isinstance(exc, KeyboardInterrupt) and user.pressed_ctrl_c:
+                raise
+            problem = f"failed to load {entry_point.value}: {_one_line(exc)}"
+            entries = ()
     return _Plugin(entry_point.name, distribution, source, entries, problem, entry_point.module)
 
 
 def _one_line(exc: BaseException) -> str:
-    return " ".join(f"{type(exc).__name__}: {exc}".split())
+    said = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+
+
+class _UserInterrupts:
+    """Whether the user pressed Ctrl-C (a SIGINT arrived) while the block ran.
+
+    A ``KeyboardInterrupt`` comes from a SIGINT only in the main thread, through a Python
+    handler; in the block this one stands before it, notes the signal and hands it on (the
+    default handler raises, as ever; a job's own handler does what it did). Elsewhere (another
+    thread, SIGINT ignored or left to the system) no ``KeyboardInterrupt`` can be the user's.
+    """
+
+    def __init__(self) -> None:
+        self.pressed_ctrl_c = False
+        self._before: Any = None
+
+    def _noted(self, signum: int, frame: FrameType | None) -> Any:
+        self.pressed_ctrl_c = True
+        return self._before(signum, frame)
+
+    def __enter__(self) -> "_UserInterrupts":
+        if threading.current_thread() is threading.main_thread():
+            before = signal.getsignal(signal.SIGINT)
+            if callable(before):
+                try:
+                    signal.signal(signal.SIGINT, self._noted)
+                    self._before = before
+                except ValueError:  # not the main interpreter: its signals are not ours
+                    pass
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        # Put back only our own: a handler the plugin set at import is the plugin's choice.
+        if self._before is not None and signal.getsignal(signal.SIGINT) == self._noted:
+            signal.signal(signal.SIGINT, self._before)
+
+
+@contextmanager
+def _watched(label: str, distribution: str) -> Iterator[None]:
+    """The block (a plugin's import) said on stderr once it runs past ``SLOW_IMPORT_S``, and
+    the non-daemon threads it started named in a ``BackportWarning`` afterwards."""
+    before = set(threading.enumerate())
+    skip = f"{switches.SKIP_PLUGINS}={distribution}"
+    slow = threading.Timer(
+        SLOW_IMPORT_S,
+        _say_now,
+        (
+            f"backports: warning: importing {label} has taken over {SLOW_IMPORT_S:g} s and "
+            f"goes on (it runs at every job start; {skip} leaves it out)",
+        ),
+    )
+    slow.daemon = True
+    slow.start()
+    try:
+        yield
+    finally:
+        slow.cancel()
+        slow.join()  # gone before the job goes on: no thread of ours left behind at a fork
+    started = [
+        t for t in threading.enumerate() if t not in before and t.is_alive() and not t.daemon
+    ]
+    if started:
+        names = ", ".join(repr(t.name) for t in started)
+        warnings.warn(
+            f"{label} started thread(s) {names} at import, not daemon threads: the "
+            f"interpreter waits for them at its exit, so a finished job may hang there "
+            f"(ask its authors for daemon threads, or leave it out: {skip})",
+            BackportWarning,
+            stacklevel=1,  # the loader's line: the plugin's own would be a guess
+        )
+
+
+def _say_now(line: str) -> None:
+    """One line on stderr from the watchdog's thread, now: a warning would wait in a
+    command's notes until the end, which a hung import never reaches."""
+    if sys.stderr is None:  # print(file=None) would write on stdout
+        return
+    with suppress(OSError, ValueError):  # a stderr closed or gone: nowhere to say it
+        print(line, file=sys.stderr, flush=True)
 
 
 def _skipped(distribution: str, names: frozenset[str]) -> bool:

@@ -1,6 +1,11 @@
-"""Options more than one command takes, spelled once."""
+"""Options more than one command takes, spelled once, and the types of numeric options.
+
+A numeric option is checked where it is parsed, by its ``type``: a bad value is one line
+(``main_parser``: argparse's usage errors are one line) and exit 2, before anything runs.
+"""
 
 import argparse
+import math
 
 from .output import FORMATS
 
@@ -44,3 +49,34 @@ def add_site_dir(parser: argparse.ArgumentParser) -> None:
 def only(args: argparse.Namespace) -> tuple[str, ...] | None:
     """``--only`` ids, each once, in the order given; None: every backport."""
     return tuple(dict.fromkeys(args.only)) if args.only else None
+
+
+MAX_SECONDS = 24 * 3600.0  # a time limit beyond a day is a typo (or "inf"), not a limit
+
+
+def seconds(text: str) -> float:
+    """A time limit: a finite number of seconds above 0 and at most ``MAX_SECONDS``.
+    ``float()`` alone takes ``nan`` (every comparison with it false: no limit at all),
+    ``inf``, ``0`` and ``-1``."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0 < value <= MAX_SECONDS):  # false for nan too
+        raise argparse.ArgumentTypeError(
+            f"expected seconds, a number above 0 and at most {MAX_SECONDS:.0f}: got {text!r}"
+        )
+    return value
+
+
+def pull_request(text: str) -> int:
+    """A pull-request number: a whole number above 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a pull-request number (a whole number above 0): got {text!r}"
+        )
+    return value

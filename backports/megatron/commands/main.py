@@ -3,7 +3,9 @@
 One policy for every command: its own exit status (``exit_status``); a ``BackportError`` or
 an ``OSError`` is one line on stderr and exit 2; Ctrl-C is one line and exit 130, whatever
 the command was doing (what it writes, it writes whole: the hook files atomically, JSON built
-before it is printed); a reader of stdout that hangs up changes nothing.
+before it is printed); a reader of stdout that hangs up, or a closed stdout, changes nothing
+(``output.command_streams``: the latter is said in one line on stderr); control characters
+in what is printed are shown escaped.
 """
 
 import sys
@@ -17,7 +19,7 @@ from . import main_parser, output
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command's exit status: its own, whether or not the reader of stdout hung up."""
-    with output.stdout_outliving_its_reader():
+    with output.command_streams():
         try:
             return _run(argv)
         except KeyboardInterrupt:

@@ -14,7 +14,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from . import COMMANDS, load
 from ._options import VERBOSE_HELP
@@ -55,7 +55,7 @@ def _asked_for(argv: list[str]) -> tuple[str | None, bool]:
 
 def _parser(argv: list[str]) -> argparse.ArgumentParser:
     name, wants_help = _asked_for(argv)
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrors(
         prog="backports",
         description="Carry upstream Megatron-LM fixes on a pinned megatron-core.",
         epilog=_epilog() if wants_help else None,
@@ -71,6 +71,16 @@ def _parser(argv: list[str]) -> argparse.ArgumentParser:
             module.add_arguments(sub)
             sub.set_defaults(run=module.run)
     return parser
+
+
+class _OneLineErrors(argparse.ArgumentParser):
+    """A usage error as one line and exit 2, its command's and every subcommand's (argparse
+    makes the subparsers of this class): argparse's usage block before it runs to five
+    lines and more and buries the one that says what was wrong. ``--help`` has the rest."""
+
+    def error(self, message: str) -> NoReturn:
+        said = " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {said} (see {self.prog} --help)\n")
 
 
 class _Version(argparse.Action):

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from .. import exit_status
 from ..errors import BackportError
+from . import _options
 
 _EXAMPLE = """\
 example:
@@ -30,13 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = _EXAMPLE
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--id", help="backport id, e.g. acme-9999")
-    parser.add_argument("--pr", type=int, help="upstream pull-request number")
+    parser.add_argument("--pr", type=_options.pull_request, help="upstream pull-request number")
     parser.add_argument("--repo", metavar="URL", help="upstream repository (--from-pr: a clone)")
     parser.add_argument("--target", metavar="MODULE:QUALNAME", help="what to patch")
     parser.add_argument("--dest", metavar="DIR", help="where to write (new folder)")
     parser.add_argument(
         "--from-pr",
-        type=int,
+        type=_options.pull_request,
         metavar="N",
         help="derive and prove the whole plugin from pull request N of the --repo clone "
         "(see docs/from-pr.md); --id and --dest are then optional",

@@ -30,10 +30,16 @@ format. The table's other notes (the hook, a summary) follow it on stdout; with 
 holds the JSON alone and they go to stderr.
 
 **A reader that hangs up** (`backports check | head -1`) changes no exit status: once the pipe
-is closed, what is written is dropped and the command runs on to its own end.
+is closed, what is written is dropped and the command runs on to its own end. A stdout that
+is closed (`>&-`) is the same, and one line on stderr says the output went nowhere.
+
+**Text from others is shown, never obeyed.** Commit subjects, PR titles, file names and a
+plugin's reasons may hold terminal escapes: every command's stdout and stderr show control
+characters escaped (``\x1b``), whatever the command printed them with (``terminal_safe``).
 """
 
 import argparse
+import errno
 import json
 import logging
 import math
@@ -135,12 +141,15 @@ def _shared_start(cells: Sequence[str]) -> str:
 
 def render(rows: Sequence[Sequence[str]], layout: Layout, optional: Sequence[int] = ()) -> str:
     """``rows`` (the first is the titles) as aligned columns; the last one runs on unpadded.
+    Each cell is ``terminal_safe`` first: measured as it is shown, and the colours added
+    after are the only escapes in the result.
 
     ``optional``: indexes of columns that may be left out, first ones first, on a narrow
     terminal. With ``layout.width`` set, each line is cut to it (the last column loses its
     end to an ellipsis); where a cut would hide what differs between rows, the start all
     rows share is dropped from them and said once, on a line under the table.
     """
+    rows = [[terminal_safe(cell) for cell in row] for row in rows]  # measured as shown
     kept = _kept_columns(rows, optional, layout.width)
     table = [[row[i] for i in kept] for row in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(kept) - 1)]
@@ -282,7 +291,7 @@ def emit(
         print(note, file=sys.stderr)
     if args.format == "table":
         layout = layout_for(sys.stdout, full=args.verbose)
-        print(_report_table(reports, columns, layout))
+        write_painted(_report_table(reports, columns, layout) + "\n")
         for note in notes:
             print(fit_note(note, layout))
         return
@@ -366,62 +375,139 @@ def warnings_as_notes(notes: list[str]) -> Iterator[None]:
         yield
 
 
-# ---- a stdout that outlives its reader -----------------------------------------------------
+# ---- the command's streams: a stdout that outlives its reader, text shown escaped ------------
+
+# What a terminal would act on rather than show: the C0 controls but tab and newline, DEL,
+# the C1 controls (U+009B is a CSI on its own) and the bidirectional overrides and isolates
+# (they reorder what is shown: CVE-2021-42574).
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
-class _ReaderGoneProof:
-    """stdout for one command: once the reader hangs up (EPIPE), what is written is dropped.
+def _escaped(match: "re.Match[str]") -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
-    `backports check | true` or `check --json | head -1`: the reader has what it wanted, and
-    the command runs on to its own exit status; a BrokenPipeError raised from a print in
-    the middle of the command would otherwise decide it. The stream's file descriptor is
-    pointed at /dev/null, so the interpreter's last flush at exit has nowhere to fail.
+
+def terminal_safe(text: str) -> str:
+    """``text`` with every control character shown escaped, as Python writes it in a
+    string (ESC is ``\\x1b``): tab and newline stay. Commit subjects, PR titles, file names
+    and a plugin's reasons come from others; printed raw, ``"\\x1b]0;...\\x07"`` would
+    retitle the user's terminal and ``"\\x1b[2J"`` clear it."""
+    return _CONTROLS.sub(_escaped, text)
+
+
+_CLOSED = "backports: stdout is closed: the output was dropped"
+
+
+class _CommandStream:
+    """``sys.stdout`` or ``sys.stderr`` for one command.
+
+    Every write is shown escaped (``terminal_safe``), to a terminal, a pipe or a file alike (a
+    log is read on a terminal later); only ``write_painted`` (the table, whose cells were
+    escaped before the colours were added) writes as is. JSON holds no control character
+    anyway (``json.dumps`` escapes them).
+
+    Once the stream cannot take more, what is written is dropped and the command runs on to
+    its own exit status: a reader that hung up (EPIPE: `backports check | head -1`), or a
+    stream that is closed (`>&-`: no stream at all, or EBADF). A ``BrokenPipeError`` or an
+    ``AttributeError`` on None in the middle of the command would otherwise decide it. The
+    file descriptor is pointed at /dev/null, so the interpreter's last flush at exit has
+    nowhere to fail.
     """
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO | None) -> None:
         self._stream = stream
-        self.reader_gone = False
+        self.gone = stream is None  # writes are dropped from now on
+        self.closed_under_us = stream is None  # gone for want of a stream, not of a reader
+        self.dropped = False  # something written went nowhere for want of a stream
 
     def write(self, text: str) -> int:
-        if not self.reader_gone:
+        return self.write_painted(terminal_safe(text))
+
+    def write_painted(self, text: str) -> int:
+        if not self.gone:
             try:
-                return self._stream.write(text)
-            except BrokenPipeError:
-                self._hang_up()
+                return self._stream.write(text)  # type: ignore[union-attr]
+            except (OSError, ValueError) as exc:
+                self._hang_up(exc)
+        self.dropped |= self.closed_under_us
         return len(text)
 
     def flush(self) -> None:
-        if not self.reader_gone:
+        if not self.gone:
             try:
-                self._stream.flush()
-            except BrokenPipeError:
-                self._hang_up()
+                self._stream.flush()  # type: ignore[union-attr]
+            except (OSError, ValueError) as exc:
+                self._hang_up(exc)
+                self.dropped |= self.closed_under_us
 
-    def _hang_up(self) -> None:
-        self.reader_gone = True
+    def isatty(self) -> bool:
+        return not self.gone and _isatty(self._stream)
+
+    def _hang_up(self, exc: OSError | ValueError) -> None:
+        """Drop what follows where ``exc`` says the stream is gone; raise it where not (a
+        full disk, a character the encoding lacks: the command's error, as ever)."""
+        if isinstance(exc, BrokenPipeError):
+            pass  # the reader hung up
+        elif isinstance(exc, OSError) and exc.errno == errno.EBADF:
+            self.closed_under_us = True  # `>&-` after start, or opened for reading only
+        elif isinstance(exc, ValueError) and getattr(self._stream, "closed", False) is True:
+            self.closed_under_us = True  # closed in this process
+        else:
+            raise exc
+        self.gone = True
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self._stream.fileno())
+            os.dup2(devnull, self._stream.fileno())  # type: ignore[union-attr]
             os.close(devnull)
-        except (OSError, ValueError):  # no file descriptor (a test's capture): nothing to do
+        except (OSError, ValueError, AttributeError):  # no descriptor (a test's capture)
             pass
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
 
-@contextmanager
-def stdout_outliving_its_reader() -> Iterator[None]:
-    """``sys.stdout`` for the block: writes after the reader hung up are dropped."""
+def _isatty(stream: TextIO | None) -> bool:
+    try:
+        return bool(stream is not None and stream.isatty())
+    except (AttributeError, ValueError, OSError):  # closed or odd: treat it as a file
+        return False
+
+
+def write_painted(text: str) -> None:
+    """``text`` on stdout as it is: its colour codes are ours, and every other part of it
+    was made ``terminal_safe`` already."""
     stream = sys.stdout
-    if stream is None:  # no stdout at all (pythonw): print() writes nothing already
-        yield
-        return
-    sys.stdout = _ReaderGoneProof(stream)
+    painted = getattr(stream, "write_painted", None)
+    (painted or stream.write)(text)
+
+
+@contextmanager
+def command_streams() -> Iterator[None]:
+    """``sys.stdout`` and ``sys.stderr`` for the block: text shown escaped, writes after the
+    stream is gone dropped; if stdout was closed (not a reader that hung up), one line on
+    stderr says so at the end. The exit status stays the command's own: ``check``'s is
+    what CI reads, and it must not turn green or red with where its table went.
+
+    Where CPython and pip differ: CPython with no stdout at all (``sys.stdout`` is None)
+    prints nothing and goes on, as here; when its last flush fails it exits 120, and pip
+    says ``ERROR: Pipe to stdout was broken`` and exits 1. A closed stdout is said (the
+    output someone asked for went nowhere); a reader that hung up is not (`| head -1` had
+    what it wanted), as a program killed by SIGPIPE says nothing.
+    """
+    stdout, stderr = sys.stdout, sys.stderr
+    ours_out, ours_err = _CommandStream(stdout), _CommandStream(stderr)
+    sys.stdout, sys.stderr = ours_out, ours_err
     try:
         yield
     finally:
         try:
-            sys.stdout.flush()  # here, while a closed pipe is still dropped
+            ours_out.flush()  # here, while a closed pipe is still dropped
+            if ours_out.dropped:
+                print(_CLOSED, file=ours_err)
+            ours_err.flush()
         finally:
-            sys.stdout = stream
+            sys.stdout, sys.stderr = stdout, stderr
+
+
+stdout_outliving_its_reader = command_streams  # the name it had

@@ -5,6 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
+from . import _options
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("id", metavar="ID", help="backport id, e.g. megatron-lm-6114")
@@ -16,11 +18,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=_options.seconds,
         default=600.0,
         metavar="SECONDS",
         help="time limit of each run (stock, backport); unfinished tests are 'timed out' "
-        "(default: 600)",
+        f"(default: 600; at most {_options.MAX_SECONDS:.0f})",
     )
     parser.add_argument(
         "--launcher",
