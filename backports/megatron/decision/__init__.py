@@ -134,13 +134,9 @@ def _judge_targets(
 ) -> Decision:
     evidence = early.evidence
     kinds = [kind_of(target) for target in spec.targets]
-    located = _locate(spec, kinds, importing)
+    located = _locate(spec, kinds, importing or _a_part_is_imported(spec, kinds))
     if located is None:
-        reason = (
-            f"{early.version} is not imported yet: the behaviour probe runs, and the backport "
-            f"installs if needed, when {spec.target.modules[-1]} is imported"
-        )
-        return Decision(spec, mode, None, reason, evidence)
+        return Decision(spec, mode, None, _waiting_reason(spec, kinds, early.version), evidence)
     if isinstance(located, str):
         return Decision(spec, mode, Verdict.ABSENT, located, evidence)
     targets = located
@@ -204,6 +200,39 @@ def _locate(
         except TargetMissing as exc:
             return _absent_reason(spec, target.attribute, str(exc))
     return tuple(resolved)
+
+
+def _a_part_is_imported(spec: BackportSpec, kinds: Sequence[Kind]) -> bool:
+    """Whether a target of an entry that is not ``coupled`` stands in a module the process
+    has imported: its other targets' modules are then imported to judge it now (a job that
+    imports LLaVA and never MiMo still gets #6010 where it runs)."""
+    if spec.coupled:
+        return False
+    return any(
+        not kind.before_import and kind.find(target, spec.id) is not None
+        for target, kind in zip(spec.targets, kinds, strict=True)
+    )
+
+
+def _waiting_reason(spec: BackportSpec, kinds: Sequence[Kind], version: str) -> str:
+    """Why the verdict waits, naming the modules not imported yet (a coupled entry's: the
+    one it waits for)."""
+    waiting = [
+        target.modules[-1]
+        for target, kind in zip(spec.targets, kinds, strict=True)
+        if kind.before_import or kind.find(target, spec.id) is None
+    ]
+    modules = list(dict.fromkeys(waiting)) or [spec.target.modules[-1]]
+    if spec.coupled and len({t.modules for t in spec.targets}) > 1:
+        return (
+            f"{version}: its targets are coupled (installed all or none): it waits for "
+            f"{modules[0]}, not imported yet; the behaviour probe runs, and the backport "
+            "installs if needed, once every one of its modules is imported"
+        )
+    return (
+        f"{version} is not imported yet: the behaviour probe runs, and the backport "
+        f"installs if needed, when {' or '.join(modules)} is imported"
+    )
 
 
 def _absent_reason(spec: BackportSpec, attribute: str, why: str) -> str:
