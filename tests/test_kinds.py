@@ -215,6 +215,30 @@ def test_a_static_method_without_its_declared_decorator_is_foreign(tilelang_dsa)
     assert resolved.foreign is not None and "wrapped by another patch" in resolved.foreign
 
 
+def test_a_constructor_comes_before_the_methods_of_its_class():
+    """Its methods route the objects built before it to the original as they install,
+    after it: an entry that lists one first is refused."""
+    from packaging.version import Version
+
+    from backports.megatron.model import BackportSpec
+
+    method = Target(
+        distribution="megatron-core",
+        modules=POST_INIT.modules,
+        attribute="TransformerConfig.clone",
+        parameters=("self",),
+    )
+    with pytest.raises(ValueError, match=r"must come before TransformerConfig\.clone"):
+        BackportSpec(
+            id="acme-1",
+            title="t",
+            targets=(method, POST_INIT),
+            target_since=Version("0.19"),
+            fixed_in=None,
+            sniff=lambda targets: None,  # type: ignore[arg-type,return-value]
+        )
+
+
 # ---- a constant: a value Python shares between unrelated bindings ---------------------------
 
 _LIMITS = {
