@@ -55,13 +55,14 @@ def test_a_job_that_imports_llava_alone_gets_6010_through_the_start_up_hook(tmp_
         import {LLAVA}
         from backports.megatron.api import last_report
         report = last_report({ID!r})
-        seen(step="llava", patched=llava_patched(), action=str(report.action))
+        seen(step="llava", patched=llava_patched(), action=str(report.action),
+             brought=report.evidence.get("imported_to_judge"))
         """,
         tmp_path,
     )
     assert seen == [
         {"step": "megatron", "mimo": False, "llava": False},
-        {"step": "llava", "patched": ID, "action": "installed"},
+        {"step": "llava", "patched": ID, "action": "installed", "brought": [MIMO]},
     ]
 
 
@@ -81,7 +82,8 @@ def test_apply_after_importing_llava_alone_installs_and_a_coupled_entry_waits(tm
              names_mimo={MIMO!r} in coupled.reason and "coupled" in coupled.reason)
         (report,) = apply({ID!r})
         seen(step="apply", action=str(report.action), patched=llava_patched(),
-             targets=[t["attribute"] for t in report.evidence["targets"]])
+             targets=[t["attribute"] for t in report.evidence["targets"]],
+             brought=report.evidence.get("imported_to_judge"))
         """,
         tmp_path,
     )
@@ -96,5 +98,6 @@ def test_apply_after_importing_llava_alone_installs_and_a_coupled_entry_waits(tm
                 "MimoModel._forward_all_modules",
                 "MimoModel._forward_language_module",
             ],
+            "brought": [MIMO],
         },
     ]

@@ -11,6 +11,7 @@ a fresh import puts the original back, and the hook installs it again.
 """
 
 import logging
+import threading
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -89,21 +90,36 @@ def _due(module_name: str) -> list[Watch]:
     return sorted(due, key=lambda w: order.get(w.spec.id, len(order)))
 
 
+_THIS_THREAD = threading.local()
+
+
+def _deciding() -> set[str]:
+    """The ids this thread is deciding in an import hook now (an outer hook's)."""
+    ids: set[str] = _THIS_THREAD.__dict__.setdefault("ids", set())
+    return ids
+
+
 def on_target_import(module: ModuleType) -> None:
     """Every watched backport that waits for ``module`` (a coupled one: once its targets
-    are all loaded), decided and installed together. One call for them all (the import finder runs a
-    callback registered under several keys once per import): their installs share one scan
-    for aliases. A strict backport that is incompatible fails the import before anything is
-    installed in it."""
+    are all loaded), decided and installed together. One call for them all (the import
+    finder runs a callback registered under several keys once per import): their installs
+    share one scan for aliases. A strict backport that is incompatible fails the import
+    before anything is installed in it."""
     # In the importing thread: it holds the module's import lock (see sniffs_in_this_thread).
     with SESSION.lock, one_look(), sniffs_in_this_thread():
-        due = _due(module.__name__)
-        decisions = [
-            decide(w.spec, w.mode, importing=False, child_sniffs=w.child_sniffs, plugin=w.plugin)
-            for w in due
-        ]
-        # Judging an entry whose other targets' modules were not imported imports them, and
-        # their own hooks may have installed it meanwhile (reported there): not again here.
+        # Judging an entry imports the modules of its other targets: their own hooks leave
+        # it to the decision under way here (one sniff, one report).
+        due = [w for w in _due(module.__name__) if w.spec.id not in _deciding()]
+        _deciding().update(w.spec.id for w in due)
+        try:
+            decisions = [
+                decide(
+                    w.spec, w.mode, importing=False, child_sniffs=w.child_sniffs, plugin=w.plugin
+                )
+                for w in due
+            ]
+        finally:
+            _deciding().difference_update(w.spec.id for w in due)
         ready = [
             (w, d)
             for w, d in zip(due, decisions, strict=True)
