@@ -118,13 +118,18 @@ def _module_level_imports(tree: ast.Module) -> list[ast.ImportFrom]:
     return found
 
 
-def _source_tree(module: object) -> ast.Module | None:
+def _source_tree(module: object, words: Sequence[str]) -> ast.Module | None:
+    """The module's source parsed, or None where it has none or lacks one of ``words``
+    (a small int is held by hundreds of modules: most are ruled out without parsing)."""
     path = getattr(module, "__file__", None)
     if not isinstance(path, str) or not path.endswith(".py"):
         return None
     try:
         with open(path, encoding="utf-8") as source:
-            return ast.parse(source.read(), path)
+            text = source.read()
+        if not all(word in text for word in words):
+            return None
+        return ast.parse(text, path)
     except (OSError, SyntaxError, ValueError) as exc:
         _LOG.debug("cannot read %s to tell its imports: %r", path, exc)
         return None
@@ -134,7 +139,10 @@ def _imports_by_name(site: Site, defining: Site) -> bool:
     """Whether the module of ``site`` binds ``site[1]`` by importing ``defining[1]`` from the
     module ``defining[0]`` (its source says so): an alias, not an equal value of its own."""
     module = sys.modules.get(site[0])
-    tree = _source_tree(module) if module is not None else None
+    # What an import of it must spell: the defining module's last name, and the name
+    # itself unless a star import binds it under that very name.
+    words = [defining[0].rpartition(".")[2], *([] if site[1] == defining[1] else [defining[1]])]
+    tree = _source_tree(module, words) if module is not None else None
     if tree is None:
         return False  # cannot tell: left alone
     package = getattr(module, "__package__", None) or ""
