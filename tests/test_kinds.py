@@ -213,3 +213,76 @@ def test_a_static_method_without_its_declared_decorator_is_foreign(tilelang_dsa)
     undeclared = dataclasses.replace(BACKWARD, decorator=None)
     resolved = kind_of(undeclared).resolve(undeclared, ID)
     assert resolved.foreign is not None and "wrapped by another patch" in resolved.foreign
+
+
+def test_a_constructor_comes_before_the_methods_of_its_class():
+    """Its methods route the objects built before it to the original as they install,
+    after it: an entry that lists one first is refused."""
+    from packaging.version import Version
+
+    from backports.megatron.model import BackportSpec
+
+    method = Target(
+        distribution="megatron-core",
+        modules=POST_INIT.modules,
+        attribute="TransformerConfig.clone",
+        parameters=("self",),
+    )
+    with pytest.raises(ValueError, match=r"must come before TransformerConfig\.clone"):
+        BackportSpec(
+            id="acme-1",
+            title="t",
+            targets=(method, POST_INIT),
+            target_since=Version("0.19"),
+            fixed_in=None,
+            sniff=lambda targets: None,  # type: ignore[arg-type,return-value]
+        )
+
+
+# ---- a constant: a value Python shares between unrelated bindings ---------------------------
+
+_LIMITS = {
+    "limits.py": "LIMIT = 64\nOTHER_LIMIT = 64\n",
+    "user.py": "from const_pkg.limits import LIMIT\n",
+    "renamed.py": "from .limits import LIMIT as CAP\n",
+    "starred.py": "from const_pkg.limits import *\n",
+    "unrelated.py": "LIMIT = 64\nWIDTH = 128\n",
+}
+LIMIT = ModuleAttribute(
+    distribution="megatron-core", modules=("const_pkg.limits",), attribute="LIMIT"
+)
+
+
+@pytest.fixture
+def const_pkg(tmp_path, monkeypatch):
+    """``const_pkg.limits.LIMIT = 64``, imported by name (plain, renamed, starred) by three
+    modules; an unrelated module has its own ``LIMIT = 64`` and a ``WIDTH = 128``."""
+    package = tmp_path / "const_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name, text in _LIMITS.items():
+        (package / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    modules = {name[:-3]: __import__(f"const_pkg.{name[:-3]}", fromlist=["_"]) for name in _LIMITS}
+    yield types.SimpleNamespace(**modules)
+    uninstall(ID)
+    for name in [n for n in sys.modules if n.partition(".")[0] == "const_pkg"]:
+        del sys.modules[name]
+
+
+def test_a_constant_is_rebound_where_imported_by_name_and_nowhere_else(const_pkg):
+    import os
+
+    assert os.O_CREAT is const_pkg.limits.LIMIT  # 64 on Linux: one interned int
+    kind = kind_of(LIMIT)
+    install(ID, [(LIMIT, kind.resolve(LIMIT, ID), 128)])
+    assert const_pkg.limits.LIMIT == 128
+    assert const_pkg.user.LIMIT == const_pkg.renamed.CAP == const_pkg.starred.LIMIT == 128
+    # Equal values that are no alias: os's own, the defining module's other name, a module
+    # with a LIMIT of its own.
+    assert os.O_CREAT == const_pkg.limits.OTHER_LIMIT == const_pkg.unrelated.LIMIT == 64
+    uninstall(ID)
+    assert const_pkg.limits.LIMIT == const_pkg.user.LIMIT == const_pkg.renamed.CAP == 64
+    assert const_pkg.starred.LIMIT == 64
+    # The revert put 64 back where 128 was ours only: an unrelated 128 stays.
+    assert const_pkg.unrelated.WIDTH == 128 and os.O_CREAT == 64

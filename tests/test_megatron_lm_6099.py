@@ -173,3 +173,30 @@ def test_an_optimizer_built_after_apply_has_the_groups_and_one_after_revert_has_
         revert(ID)
     _, child = _optimizer(layer_wise)
     assert not hasattr(child, "tp_group")
+
+
+def test_an_optimizer_built_before_apply_keeps_stock_count_zeros(layer_wise, monkeypatch):
+    """The fixed ``count_zeros`` reads ``tp_group``, which only the fixed constructor sets:
+    on an optimizer built before ``apply()`` the live method runs 0.19.2's, as the README
+    promises (it raised AttributeError), while one built after gets the groups."""
+    import megatron.core.optimizer.layer_wise_optimizer as home
+
+    calls: list[dict[str, Any]] = []
+    # The real one allocates on CUDA: a recorder in the module both versions read it from.
+    monkeypatch.setattr(home, "count_zeros_fp32", lambda *a, **kw: calls.append(kw) or 0)
+    old, _ = _optimizer(layer_wise)
+    old.count_zeros()  # stock, before apply: the reference
+    stock = calls.pop()
+    report = report_for(apply(ID), ID)
+    try:
+        assert report.action is Action.INSTALLED, report.reason
+        assert getattr(vars(layer_wise)["count_zeros"], "__backport__", None) == ID
+        assert old.count_zeros() == 0 and calls.pop() == stock
+        new, _ = _optimizer(layer_wise)
+        new.count_zeros()
+        counted = calls.pop()
+        assert (counted.get("tp_group"), counted.get("expert_tp_group")) == (TP, EXPERT_TP)
+    finally:
+        revert(ID)
+    old.count_zeros()
+    assert calls.pop() == stock

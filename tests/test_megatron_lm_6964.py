@@ -318,3 +318,60 @@ def test_the_guard_keeps_the_flash_attn_package_out_of_the_fa4_import(tmp_path, 
     with fa4_import_guard(), pytest.raises(ModuleNotFoundError, match="flash-attn-4"):
         exec(probe)  # an ImportError: the probe's own except turns it into HAVE_FA4 = False
     assert "flash_attn" not in sys.modules
+
+
+_ATTEMPTS = """
+import os, traceback
+def where_and_what():
+    try:
+        module = importlib.import_module("megatron.core.transformer.attention")
+        return {"HAVE_FA4": bool(module.HAVE_FA4)}
+    except Exception as exc:
+        frames = traceback.extract_tb(exc.__traceback__)
+        files = [os.path.basename(f.filename) + f":{f.lineno}" for f in frames[-2:]]
+        return {"error": f"{type(exc).__name__}: {exc}", "at": files}
+seen(step="broken", **where_and_what())
+# The package mended (taken off the path): the next import of attention goes through.
+sys.path[:] = [p for p in sys.path if p != BROKEN]
+for name in [n for n in sys.modules if n.partition(".")[0] == "flash_attn"]:
+    del sys.modules[name]
+seen(step="mended", **where_and_what())
+from backports.megatron.api import last_report
+report = last_report("megatron-lm-6964")
+seen(step="report", action=None if report is None else str(report.action))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backport", ["stock", "on"])
+def test_a_raising_flash_attn_init_behaves_as_on_0_19_2(tmp_path, backport):
+    """A ``flash_attn`` whose own ``__init__`` raises (not ImportError) breaks megatron-core
+    0.19.2's own import, long before attention executes: ``megatron.core`` imports
+    ``rope_utils``, which catches only ImportError from ``flash_attn.layers.rotary``
+    (upstream's main still does). With #6964 on, the import fails in the very same place
+    with the same error, and goes through once the package is mended, the guard in place:
+    it makes it no worse (nor hides it)."""
+    broken = _flash_attn_whose_init_raises(tmp_path)
+    start = (
+        ""
+        if backport == "stock"
+        else (
+            "import backports.megatron as backports\n"
+            'backports._start_up(("megatron",), {"strict": False, "only": None})\n'
+        )
+    )
+    seen = run_child(
+        IMPORT_ATTENTION + f"BROKEN = {str(broken)!r}\n" + start + _ATTEMPTS,
+        broken,
+        **({"MEGATRON_BACKPORTS": "0"} if backport == "stock" else {}),
+    )
+    assert seen == [
+        {
+            "step": "broken",
+            "error": "AttributeError: broken flash_attn",
+            "at": ["rope_utils.py:33", "__init__.py:1"],
+        },
+        {"step": "mended", "HAVE_FA4": False},
+        # On: the guard was in place for both imports (stock: nothing was decided).
+        {"step": "report", "action": None if backport == "stock" else "installed"},
+    ]

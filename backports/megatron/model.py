@@ -190,7 +190,9 @@ class BackportSpec:
 
     id: str
     title: str
-    # Applied and reverted together, all or none; the entry has one report.
+    # Installed and reverted together, all or none; the entry has one report. Targets in
+    # different modules are judged (and installed) as soon as one of those modules is
+    # imported: the others are imported then to judge it, unless ``coupled``.
     targets: tuple[Target, ...]
     # First release of the distribution that has the target(s) at all.
     target_since: Version
@@ -209,6 +211,11 @@ class BackportSpec:
     # First release with the bug, where it came later than the target: an older release
     # is ``absent`` (it has the target and not the bug). None: the target always had it.
     bug_since: Version | None = None
+    # True: the targets' modules are left for the job to import, and the entry waits until
+    # every one of them is (the reason names the one it waits for). False: the first of
+    # them imported brings in the others, so a job that imports only one (LLaVA and never
+    # MiMo) still gets the fix where it runs.
+    coupled: bool = False
 
     def __post_init__(self) -> None:
         if not self.targets:

@@ -223,4 +223,8 @@ SPEC = BackportSpec(
     fixed_in=None,
     sniff=_sniff,
     vendored=VendoredRef(module="index_share"),  # not the target module's name
+    # Every GPT job imports megatron.core.recompute (its blocks take checkpointed_forward
+    # by name); only a DSA job needs the fix: the entry waits for the DSA module rather
+    # than import it into every job.
+    coupled=True,
 )

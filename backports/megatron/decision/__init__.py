@@ -9,6 +9,7 @@ install at a target's import, ``status``, ``check``, ``audit``'s child, the comm
 """
 
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -135,12 +136,12 @@ def _judge_targets(
     evidence = early.evidence
     kinds = [kind_of(target) for target in spec.targets]
     located = _locate(spec, kinds, importing)
+    unloaded: list[str] = []
+    if located is None and _a_part_is_imported(spec, kinds):
+        unloaded = _unloaded_modules(spec)
+        located = _locate(spec, kinds, importing=True)
     if located is None:
-        reason = (
-            f"{early.version} is not imported yet: the behaviour probe runs, and the backport "
-            f"installs if needed, when {spec.target.modules[-1]} is imported"
-        )
-        return Decision(spec, mode, None, reason, evidence)
+        return Decision(spec, mode, None, _waiting_reason(spec, kinds, early.version), evidence)
     if isinstance(located, str):
         return Decision(spec, mode, Verdict.ABSENT, located, evidence)
     targets = located
@@ -156,7 +157,7 @@ def _judge_targets(
     if decision is None:
         decision = _sniffed(spec, mode, early, targets, in_child)
         _keep(spec, key, decision)
-    return _with_existing(decision, kinds)
+    return _with_brought_in(_with_existing(decision, kinds), unloaded)
 
 
 def cache_key(
@@ -204,6 +205,66 @@ def _locate(
         except TargetMissing as exc:
             return _absent_reason(spec, target.attribute, str(exc))
     return tuple(resolved)
+
+
+def _mid_import(module_name: str) -> bool:
+    """In ``sys.modules`` but still executing (its own hook has not run yet)."""
+    spec = getattr(sys.modules.get(module_name), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
+
+
+def _a_part_is_imported(spec: BackportSpec, kinds: Sequence[Kind]) -> bool:
+    """Whether a target of an entry that is not ``coupled`` stands in a module the process
+    has imported: its other targets' modules are then imported to judge it now (a job that
+    imports LLaVA and never MiMo still gets #6010 where it runs). Not while one of those is
+    being imported (its own hook judges the entry once it has executed)."""
+    if spec.coupled:
+        return False
+    found = [
+        (target, not kind.before_import and kind.find(target, spec.id) is not None)
+        for target, kind in zip(spec.targets, kinds, strict=True)
+    ]
+    if any(_mid_import(name) for target, ok in found if not ok for name in target.modules):
+        return False
+    return any(ok for _, ok in found)
+
+
+def _waiting_reason(spec: BackportSpec, kinds: Sequence[Kind], version: str) -> str:
+    """Why the verdict waits, naming the modules not imported yet (a coupled entry's: the
+    one it waits for)."""
+    waiting = [
+        target.modules[-1]
+        for target, kind in zip(spec.targets, kinds, strict=True)
+        if kind.before_import or kind.find(target, spec.id) is None
+    ]
+    modules = list(dict.fromkeys(waiting)) or [spec.target.modules[-1]]
+    if spec.coupled and len({t.modules for t in spec.targets}) > 1:
+        return (
+            f"{version}: its targets are coupled (installed all or none): it waits for "
+            f"{modules[0]}, not imported yet; the behaviour probe runs, and the backport "
+            "installs if needed, once every one of its modules is imported"
+        )
+    return (
+        f"{version} is not imported yet: the behaviour probe runs, and the backport "
+        f"installs if needed, when {' or '.join(modules)} is imported"
+    )
+
+
+def _unloaded_modules(spec: BackportSpec) -> list[str]:
+    return list(dict.fromkeys(m for t in spec.targets for m in t.modules if m not in sys.modules))
+
+
+def _with_brought_in(decision: Decision, unloaded: Sequence[str]) -> Decision:
+    """A decision that imported the modules of the entry's other targets says which (the
+    job had imported only part of it): they are installed together."""
+    brought = [module for module in unloaded if module in sys.modules]
+    if brought:
+        decision.evidence["imported_to_judge"] = brought
+        decision.reason += (
+            f" [judged once part of it was imported: {', '.join(brought)} imported for its "
+            "other targets, so every part is in]"
+        )
+    return decision
 
 
 def _absent_reason(spec: BackportSpec, attribute: str, why: str) -> str:

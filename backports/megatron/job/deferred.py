@@ -4,12 +4,14 @@
 before the model's modules load) cannot judge a target that is not imported: importing it
 there would cost the job ~9 s in every process the hook reaches. So it watches the target's
 modules (``watch``); the import finder calls ``on_target_import`` each time one of them has
-executed, and every watched backport whose targets are now all loaded is decided and
-installed then, together. An installed backport stays watched: a reload or a fresh import
-puts the original back, and the hook installs it again.
+executed, and every watched backport with a target there is decided and installed then,
+together (the decision imports an entry's other modules, unless its targets are coupled:
+then it waits until they are all loaded). An installed backport stays watched: a reload or
+a fresh import puts the original back, and the hook installs it again.
 """
 
 import logging
+import threading
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -74,8 +76,8 @@ def is_deferred(backport_id: str) -> bool:
 
 
 def _due(module_name: str) -> list[Watch]:
-    """Watched backports with a target in ``module_name``, not installed, every target now
-    loaded; in catalog order (builtins first)."""
+    """Watched backports with a target in ``module_name``, not installed; in catalog order
+    (builtins first). The decision says whether each can be judged now."""
     order = {spec.id: index for index, spec in enumerate(entries())}
     with SESSION.lock:
         watching = list(SESSION.watched.values())
@@ -88,20 +90,41 @@ def _due(module_name: str) -> list[Watch]:
     return sorted(due, key=lambda w: order.get(w.spec.id, len(order)))
 
 
+_THIS_THREAD = threading.local()
+
+
+def _deciding() -> set[str]:
+    """The ids this thread is deciding in an import hook now (an outer hook's)."""
+    ids: set[str] = _THIS_THREAD.__dict__.setdefault("ids", set())
+    return ids
+
+
 def on_target_import(module: ModuleType) -> None:
-    """Every watched backport that waits for ``module`` and whose targets are now all
-    loaded, decided and installed together. One call for them all (the import finder runs a
-    callback registered under several keys once per import): their installs share one scan
-    for aliases. A strict backport that is incompatible fails the import before anything is
-    installed in it."""
+    """Every watched backport that waits for ``module`` (a coupled one: once its targets
+    are all loaded), decided and installed together. One call for them all (the import
+    finder runs a callback registered under several keys once per import): their installs
+    share one scan for aliases. A strict backport that is incompatible fails the import
+    before anything is installed in it."""
     # In the importing thread: it holds the module's import lock (see sniffs_in_this_thread).
     with SESSION.lock, one_look(), sniffs_in_this_thread():
-        due = _due(module.__name__)
-        decisions = [
-            decide(w.spec, w.mode, importing=False, child_sniffs=w.child_sniffs, plugin=w.plugin)
-            for w in due
+        # Judging an entry imports the modules of its other targets: their own hooks leave
+        # it to the decision under way here (one sniff, one report).
+        due = [w for w in _due(module.__name__) if w.spec.id not in _deciding()]
+        _deciding().update(w.spec.id for w in due)
+        try:
+            decisions = [
+                decide(
+                    w.spec, w.mode, importing=False, child_sniffs=w.child_sniffs, plugin=w.plugin
+                )
+                for w in due
+            ]
+        finally:
+            _deciding().difference_update(w.spec.id for w in due)
+        ready = [
+            (w, d)
+            for w, d in zip(due, decisions, strict=True)
+            if d.verdict is not None and installed(w.spec.id) is None
         ]
-        ready = [(w, d) for w, d in zip(due, decisions, strict=True) if d.verdict is not None]
         refused = [d for w, d in ready if w.strict and d.verdict is Verdict.INCOMPATIBLE]
         # A refusal fails the import: only the refused are settled (skipped), none installed.
         reports = settle(refused or [d for _, d in ready])

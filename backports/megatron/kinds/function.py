@@ -26,6 +26,7 @@ from ..evidence.fingerprints import installed_file
 from ..model import ResolvedTarget, Target
 from . import Part, Site, TargetMissing
 from ._bindings import live_namespace, rebind_everywhere, restore_everywhere
+from ._built_before import built_before, routed
 
 _LOG = logging.getLogger(__name__)
 
@@ -296,6 +297,9 @@ class FunctionKind:
     name = "function"
     before_import = False
     sniff_in_child = False
+    # A method of a class whose constructor the entry replaced runs the original for the
+    # objects built before that (the constructor kind turns it off for itself).
+    routes_old_objects = True
 
     def find(self, target: Target, backport_id: str) -> ResolvedTarget | None:
         return loaded_candidates(target, lambda module: find_in(module, target, backport_id))
@@ -370,6 +374,16 @@ class FunctionKind:
         aliases: dict[int, list[Site]],
     ) -> Part:
         made = _made(resolved, target, replacement, backport_id, markers)
+        if (
+            self.routes_old_objects
+            and resolved.is_method
+            and isinstance(resolved.held, types.FunctionType)
+        ):
+            # The entry replaced this class's constructor: objects built before that keep
+            # the original method too (it may read what only the new constructor sets).
+            before = built_before(backport_id, resolved.owner)
+            if before is not None:
+                made = routed(cast(Callable[..., object], made), resolved.held, before)
         olds = _olds(resolved)
         bound = vars(resolved.owner).get(resolved.name)
         if not any(bound is old for old in olds):

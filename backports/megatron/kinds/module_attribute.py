@@ -1,14 +1,23 @@
 """The module-attribute kind: a module-level object that is not a function.
 
-A Triton kernel (``triton.jit``'s ``JITFunction``, an ``Autotuner`` around it), a constant, a
-table: code that reads it as a module global at call time sees a replacement put in its
-module. Like a function, it may have been imported by name elsewhere, so every module that
-binds it gets the replacement, and ``revert`` puts the very original object back at each.
+A Triton kernel (``triton.jit``'s ``JITFunction``, an ``Autotuner`` around it), a table:
+code that reads it as a module global at call time sees a replacement put in its module.
+Like a function, it may have been imported by name elsewhere, so every module that binds
+that very object gets the replacement, and ``revert`` puts the very original back at each.
 Such an object may not carry ``__backport__`` / ``__wrapped__``: the record of what was
 replaced is the installation kept on the session (``applied()`` and ``status`` read it there).
+
+A value Python shares between unrelated bindings (a small int, a string, a tuple: ``LIMIT =
+64`` is the very object ``os.O_CREAT`` is) cannot be told apart by identity: besides its
+defining module, it is rebound (and put back) only in the modules whose source imports it by
+name from the target module (``from m import LIMIT``, ``from .m import LIMIT as CAP``, ``from
+m import *``); an equal value anywhere else is left alone.
 """
 
+import ast
 import contextlib
+import importlib.util
+import logging
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -18,8 +27,14 @@ from ..evidence.fingerprints import installed_file
 from ..model import Target
 from ..session import SESSION
 from . import Part, Site
-from ._bindings import rebind_everywhere, restore_everywhere
+from ._bindings import bindings_of_each, rebind, rebind_everywhere, restore_everywhere
 from .function import import_candidates, loaded_candidates
+
+_LOG = logging.getLogger(__name__)
+
+# Values Python may share between unrelated bindings (interned, cached or constant-folded):
+# an identical object elsewhere is no alias of the target.
+_SHARED_BY_VALUE = (int, float, complex, str, bytes, tuple, frozenset, range, type(None))
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,80 @@ def _in(module: ModuleType, target: Target, backport_id: str) -> ResolvedAttribu
     if before is not None:
         return ResolvedAttribute(module.__name__, module, target.attribute, before, held)
     return ResolvedAttribute(module.__name__, module, target.attribute, held)
+
+
+def _shared_by_value(obj: object) -> bool:
+    return isinstance(obj, _SHARED_BY_VALUE) or obj is Ellipsis
+
+
+def _module_level_imports(tree: ast.Module) -> list[ast.ImportFrom]:
+    """The ``from ... import`` statements that bind module globals (not inside a function
+    or a class: those bind locals or class attributes)."""
+    found: list[ast.ImportFrom] = []
+    pending: list[ast.AST] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.ImportFrom):
+            found.append(node)
+        elif not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            pending.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _source_tree(module: object, words: Sequence[str]) -> ast.Module | None:
+    """The module's source parsed, or None where it has none or lacks one of ``words``
+    (a small int is held by hundreds of modules: most are ruled out without parsing)."""
+    path = getattr(module, "__file__", None)
+    if not isinstance(path, str) or not path.endswith(".py"):
+        return None
+    try:
+        with open(path, encoding="utf-8") as source:
+            text = source.read()
+        if not all(word in text for word in words):
+            return None
+        return ast.parse(text, path)
+    except (OSError, SyntaxError, ValueError) as exc:
+        _LOG.debug("cannot read %s to tell its imports: %r", path, exc)
+        return None
+
+
+def _imports_by_name(site: Site, defining: Site) -> bool:
+    """Whether the module of ``site`` binds ``site[1]`` by importing ``defining[1]`` from the
+    module ``defining[0]`` (its source says so): an alias, not an equal value of its own."""
+    module = sys.modules.get(site[0])
+    # What an import of it must spell: the defining module's last name, and the name
+    # itself unless a star import binds it under that very name.
+    words = [defining[0].rpartition(".")[2], *([] if site[1] == defining[1] else [defining[1]])]
+    tree = _source_tree(module, words) if module is not None else None
+    if tree is None:
+        return False  # cannot tell: left alone
+    package = getattr(module, "__package__", None) or ""
+    for node in _module_level_imports(tree):
+        try:
+            source = importlib.util.resolve_name("." * node.level + (node.module or ""), package)
+        except (ImportError, ValueError):
+            continue
+        if source != defining[0]:
+            continue
+        for alias in node.names:
+            if alias.name == "*" and site[1] == defining[1]:
+                return True
+            if alias.name == defining[1] and (alias.asname or alias.name) == site[1]:
+                return True
+    return False
+
+
+def _true_aliases(
+    defining: Site, olds: Sequence[object], aliases: dict[int, list[Site]]
+) -> dict[int, list[Site]]:
+    """``aliases`` of ``olds`` with, for a value shared by value, only the modules that
+    import it by name from the defining module."""
+    kept = dict(aliases)
+    for old in olds:
+        if _shared_by_value(old):
+            found = aliases.get(id(old), [])
+            kept[id(old)] = [s for s in found if s == defining or _imports_by_name(s, defining)]
+    return kept
 
 
 class ModuleAttributeKind:
@@ -161,13 +250,22 @@ class ModuleAttributeKind:
         if not any(held is old for old in olds):
             raise LookupError(f"{resolved.module_name}.{resolved.attribute} is not the original")
         defining = (resolved.module_name, resolved.attribute)
-        sites = rebind_everywhere(defining, olds, replacement, aliases)
+        sites = rebind_everywhere(
+            defining, olds, replacement, _true_aliases(defining, olds, aliases)
+        )
         return Part(self, backport_id, target, resolved, replacement, sites)
 
     def uninstall(self, part: Part) -> None:
         resolved: ResolvedAttribute = part.resolved
         defining = (resolved.module_name, resolved.attribute)
-        restore_everywhere(part.sites, part.replacement, resolved.original, defining)
+        new = part.replacement
+        if _shared_by_value(new):
+            # Only the recorded sites and the modules that import it by name since: the
+            # same small int elsewhere is someone else's.
+            late = [s for s in bindings_of_each([new])[id(new)] if _imports_by_name(s, defining)]
+            rebind(tuple(dict.fromkeys([*part.sites, *late])), new, resolved.original, defining)
+        else:
+            restore_everywhere(part.sites, new, resolved.original, defining)
         # The module object patched at install time, even when a fresh import replaced it.
         if vars(resolved.module).get(resolved.attribute) is part.replacement:
             setattr(resolved.module, resolved.attribute, resolved.original)
