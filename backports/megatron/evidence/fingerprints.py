@@ -27,6 +27,15 @@ _INSTALLED_SUFFIXES = (".egg-link", ".egg")  # older installs: a link or an arch
 _METADATA = ("RECORD", "METADATA", "PKG-INFO")
 
 
+def interpreter() -> list[str]:
+    """The interpreter a proof holds for: the real binary (links resolved, and a venv's
+    ``bin/python`` followed to the base interpreter it runs), the full version and the
+    bytecode tag. Never the name it was started by: ``python``, ``python3``, ``python3.12``,
+    a venv's link or a second venv over the same packages run the same code."""
+    started = getattr(sys, "_base_executable", None) or sys.executable
+    return [os.path.realpath(started), sys.version, sys.implementation.cache_tag]
+
+
 def sha256_file(path: Path | str) -> str:
     with open(path, "rb") as handle:
         return hashlib.sha256(handle.read()).hexdigest()
