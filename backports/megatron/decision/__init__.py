@@ -9,6 +9,7 @@ install at a target's import, ``status``, ``check``, ``audit``'s child, the comm
 """
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -204,7 +205,9 @@ def _child_path_key(spec: BackportSpec) -> list[str]:
     """The folders of the children's path that offer what they import, for the cache key:
     ``backports apply`` and a job started from a folder of its own scripts share a proof."""
     tops = {module.partition(".")[0] for target in spec.targets for module in target.modules}
-    return offering_imports(children.child_path(), tops.union(_CHILD_IMPORTS))
+    offering = offering_imports(children.child_path(), tops.union(_CHILD_IMPORTS))
+    # Resolved: a venv reached through a link to its folder offers the same files.
+    return list(dict.fromkeys(os.path.realpath(folder) for folder in offering))
 
 
 def _locate(

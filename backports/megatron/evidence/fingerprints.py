@@ -96,7 +96,8 @@ def installed_file(name: str, module: str, source: object) -> dict[str, Any] | N
     if distribution is None:
         return None
     return {
-        "file": str(source),
+        # Resolved: a venv reached through a link to its folder is the same install.
+        "file": os.path.realpath(source),
         "file_sha256": sha256_file(str(source)),
         "distribution": distribution,
     }
@@ -246,7 +247,8 @@ def _offered(folder: str) -> frozenset[str]:
 def _read_import_environment() -> str:
     digest = hashlib.sha256()
     for folder in offering_imports(sys.path, ()):  # where each folder is, and their order
-        digest.update(json.dumps([folder, _folder_contents(folder)]).encode() + b"\n")
+        where = os.path.realpath(folder)  # the same folder, through a link or not
+        digest.update(json.dumps([where, _folder_contents(folder)]).encode() + b"\n")
     return digest.hexdigest()
 
 
