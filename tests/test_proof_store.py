@@ -124,7 +124,7 @@ def test_a_root_store_other_users_could_write_is_refused(
     os.chmod(store, 0o775 if spoil == "folder-group-writable" else 0o755)
     os.chmod(kept, 0o664 if spoil == "file-group-writable" else 0o644)
     _as_another_user(monkeypatch)
-    with pytest.warns(UserWarning, match="not using the verdict cache"):
+    with pytest.warns(UserWarning, match="not using the proof store"):
         (report,) = apply(BACKPORT_ID)
     assert report.evidence["cache"]["hit"] is False
 

@@ -242,7 +242,9 @@ def _inside_the_environment(path: Path | str) -> bool:
 
 def _refuse(why: str) -> None:
     """Say once per job (and log every time) why a cache folder or file is not used."""
-    message = f"megatron-backports: not using the verdict cache: {why}; probing instead"
+    message = (
+        f"megatron-backports: not using the proof store (verdict cache): {why}; probing instead"
+    )
     _LOG.debug(message)
     if once_per_job.claim(f"cache-refused:{why}"):
         warnings.warn(message, BackportWarning, stacklevel=2)
