@@ -107,8 +107,8 @@ def test_a_store_root_wrote_inside_the_environment_serves_another_user(
 ):
     store = image / "var" / "cache" / "megatron-backports"
     kept = _prove([store, tmp_path / "home-cache"], monkeypatch)
-    os.chmod(store, 0o755)
-    os.chmod(kept, 0o644)
+    os.chmod(store, 0o755)  # as `mkdir` leaves it under the usual umask
+    assert kept.stat().st_mode & 0o777 == 0o644  # readable by every user, as written
     _as_another_user(monkeypatch)
     _job_reads(kept)
 

@@ -475,6 +475,9 @@ def _write_atomically(folder: Path, name: str, text: str) -> Path:
         raise ValueError(why)
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     try:
+        # Readable by the jobs of every user (mkstemp makes it 0600: a store written as
+        # root in an image would serve no one else), writable by its owner alone.
+        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(tmp, folder / name)
