@@ -2,9 +2,10 @@
 
 ``backports apply`` keeps a proof; a job's process reads it. A store the job can read but
 not write (a read-only image, Apptainer, a shared venv) is read; one ``backports apply``
-wrote as root inside the environment serves a job run as another user, unless other users
-could write it. Where no proof exists, the ranks of a node prove it once, under a lock.
-(Jobs started in real venvs, every way users start them: test_proof_key.)
+wrote inside the environment as root (an image) or as the environment's owner (a shared
+venv) serves a job run as another user, unless other users could write it. Where no proof
+exists, the ranks of a node prove it once, under a lock. (Jobs started in real venvs, every
+way users start them: test_proof_key.)
 """
 
 import os
@@ -102,13 +103,18 @@ def _as_another_user(monkeypatch) -> None:
 
 
 @needs_root
-def test_a_store_root_wrote_inside_the_environment_serves_another_user(
-    tilelang_dsa, store_on, monkeypatch, image, tmp_path
+@pytest.mark.parametrize("owner", ["root", "the-venvs-admin"])
+def test_a_store_written_inside_the_environment_serves_another_user(
+    tilelang_dsa, store_on, monkeypatch, image, tmp_path, owner
 ):
+    """An image built as root, or a shared venv its admin (uid 1000) installed and applied."""
     store = image / "var" / "cache" / "megatron-backports"
     kept = _prove([store, tmp_path / "home-cache"], monkeypatch)
     os.chmod(store, 0o755)  # as `mkdir` leaves it under the usual umask
     assert kept.stat().st_mode & 0o777 == 0o644  # readable by every user, as written
+    if owner != "root":
+        for path in (image, store, kept):
+            os.chown(path, 1000, -1)
     _as_another_user(monkeypatch)
     _job_reads(kept)
 

@@ -43,9 +43,10 @@ written whole (a temporary file renamed into place), one per backport id and env
 
 A verdict decides whether a fix runs, so the store is trusted as pip and git trust theirs:
 a folder or file owned by another user, or writable by every user, is refused (said once,
-in one line). One exception serves an image built as root and run as another user: a
-folder or file owned by root inside the environment (``sys.prefix``, or the prefix above),
-writable by neither group nor others. Only a regular file of at most ``MAX_BYTES`` is read
+in one line). One exception serves an image built as root and run as another user, or a
+venv shared by its admin: a folder or file inside the environment (``sys.prefix``, or the
+prefix above) owned by root or by the owner of the environment's code, writable by neither
+group nor others. Only a regular file of at most ``MAX_BYTES`` is read
 (a FIFO or a link to ``/dev/zero`` at its path must not hang or exhaust every process that
 imports megatron); a file that is not the JSON of an entry is as if absent.
 """
@@ -220,18 +221,30 @@ def file_name(spec: BackportSpec) -> str:
 
 def _untrusted(path: Path | str, status: os.stat_result) -> str | None:
     """Why another user could have written ``path``, or None. Ours, not writable by every
-    user; or root's inside the environment and writable by neither group nor others (what
-    ``backports apply`` run as root leaves in an image that jobs run as another user)."""
+    user; or, inside the environment, owned by whoever owns the environment's code (root in
+    an image, the admin of a shared venv: the job runs their code already) and writable by
+    neither group nor others (what ``backports apply`` leaves where jobs run as another user)."""
     me = os.geteuid()
     if status.st_uid == me:
         if status.st_mode & stat.S_IWOTH:
             return f"{path} is writable by every user"
         return None
-    if status.st_uid == 0 and _inside_the_environment(path):
+    if status.st_uid in _environment_owners() and _inside_the_environment(path):
         if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return f"{path} is owned by root and writable by other users"
+            return f"{path} is owned by uid {status.st_uid} and writable by other users"
         return None
     return f"{path} is owned by uid {status.st_uid}, not by this user (uid {me})"
+
+
+def _environment_owners() -> set[int]:
+    """root, and the owners of the environment and of this package's installed files."""
+    owners = {0}
+    for folder in (sys.prefix, environment_prefix(), _PACKAGE_DIR):
+        try:
+            owners.add(os.stat(folder).st_uid)
+        except OSError:
+            continue
+    return owners
 
 
 def _inside_the_environment(path: Path | str) -> bool:
