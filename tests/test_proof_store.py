@@ -8,7 +8,9 @@ exists, the ranks of a node prove it once, under a lock. (Jobs started in real v
 way users start them: test_proof_key.)
 """
 
+import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -154,3 +156,39 @@ def test_the_ranks_of_a_node_prove_one_at_a_time(store_on, monkeypatch, tmp_path
         released = time.monotonic()
     thread.join(10)
     assert len(entered) == 1 and entered[0] >= released
+
+
+_RANK = """
+import json
+from backports.megatron import api
+(report,) = api.apply_in_job(("megatron-lm-6964",))
+print("SEEN " + json.dumps({"action": str(report.action), "cache": report.evidence.get("cache")}))
+"""
+
+
+@pytest.mark.slow
+def test_two_ranks_started_together_without_a_proof_prove_it_once(tmp_path):
+    """Two processes of a job, no proof: one runs #6964's children, the other waits for it
+    and installs from its proof."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_BACKPORTS")}
+    environ.update(MEGATRON_BACKPORTS_CACHE="1", MEGATRON_BACKPORTS_CACHE_DIR=str(tmp_path / "s"))
+    environ["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK],
+            env=environ,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    seen = []
+    for rank in ranks:
+        out, err = rank.communicate(timeout=600)
+        assert rank.returncode == 0, err[-2000:]
+        (line,) = [line for line in out.splitlines() if line.startswith("SEEN ")]
+        seen.append(json.loads(line[5:]))
+    assert [s["action"] for s in seen] == ["installed", "installed"], seen
+    assert sorted(s["cache"]["hit"] for s in seen) == [False, True], seen
