@@ -9,6 +9,7 @@ install at a target's import, ``status``, ``check``, ``audit``'s child, the comm
 """
 
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -106,8 +107,9 @@ def decide(
 
     ``importing``: import the targets' modules to judge them (else a target not imported
     yet leaves the verdict None: it is decided at its import). ``child_sniffs``: run a sniff
-    that starts child interpreters (seconds) when the verdict cache has no answer; without,
-    such a backport is decided on the evidence that needs no sniff, and the reason says so.
+    that starts child interpreters (seconds) when the proof store has no answer (once per
+    node: see ``_proved_once``); without (the manifest, which starts no child), such a
+    backport is decided on the evidence that needs no sniff, and the reason says so.
     ``plugin``: (distribution, entry-point module) of a plugin's entry, for the cache's key.
     Never raises but for a KeyboardInterrupt: a failure is an ``incompatible`` verdict.
     """
@@ -154,10 +156,30 @@ def _judge_targets(
     decision = _from_cache(spec, mode, key, evidence, targets)
     if decision is None and in_child and not child_sniffs:
         decision = _unsniffed(spec, mode, early, targets)
+    if decision is None and in_child and key is not None:
+        decision = _proved_once(spec, mode, key, early, targets)
     if decision is None:
         decision = _sniffed(spec, mode, early, targets, in_child)
         _keep(spec, key, decision)
     return _with_brought_in(_with_existing(decision, kinds), unloaded)
+
+
+def _proved_once(
+    spec: BackportSpec,
+    mode: str,
+    key: dict[str, object],
+    early: Early,
+    targets: tuple[Resolved, ...],
+) -> Decision:
+    """A sniff in child interpreters (seconds) where the proof store has no proof: proved by
+    one process of the node while the others wait for it (``verdict_cache.proving``), then
+    read from the store by each of them."""
+    with verdict_cache.proving(spec):
+        decision = _from_cache(spec, mode, key, early.evidence, targets)
+        if decision is None:
+            decision = _sniffed(spec, mode, early, targets, True)
+            _keep(spec, key, decision)
+    return decision
 
 
 def cache_key(
@@ -184,7 +206,9 @@ def _child_path_key(spec: BackportSpec) -> list[str]:
     """The folders of the children's path that offer what they import, for the cache key:
     ``backports apply`` and a job started from a folder of its own scripts share a proof."""
     tops = {module.partition(".")[0] for target in spec.targets for module in target.modules}
-    return offering_imports(children.child_path(), tops.union(_CHILD_IMPORTS))
+    offering = offering_imports(children.child_path(), tops.union(_CHILD_IMPORTS))
+    # Resolved: a venv reached through a link to its folder offers the same files.
+    return list(dict.fromkeys(os.path.realpath(folder) for folder in offering))
 
 
 def _locate(
@@ -380,17 +404,16 @@ def _replacements(
 def _unsniffed(
     spec: BackportSpec, mode: str, early: Early, targets: tuple[Resolved, ...]
 ) -> Decision:
-    """A backport whose sniff starts child interpreters, decided in a job's process where
-    the verdict cache has no answer: needed by the evidence that needs no sniff (no release
-    says it landed), but nothing shows its replacement carries the fix here, so it is not
-    installed. ``backports apply`` (or ``status``) runs the sniff once and keeps the proof
-    for every process of the environment."""
+    """A backport whose sniff starts child interpreters, asked of a caller that starts none
+    (the manifest) where the proof store has no answer: needed by the evidence that needs no
+    sniff (no release says it landed), but nothing shows its replacement carries the fix
+    here, so it is not installed. A job's process proves it itself (``_proved_once``)."""
     evidence = early.evidence
     evidence["behaviour"] = {"sniffed": False}
     reason = (
         f"{early.version}: not proven in this environment yet (its sniff starts child "
-        "interpreters, which a job's process does not): run `backports apply` or `backports "
-        "status` once; they keep the proof for every process"
+        "interpreters, which this caller does not): `backports apply` or `backports "
+        "status` prove it and keep the proof for every process"
     )
     return Decision(spec, mode, Verdict.NEEDED, reason, evidence, targets, proven=False)
 
