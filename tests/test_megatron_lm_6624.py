@@ -94,6 +94,35 @@ def test_a_backward_that_widens_every_wgrad_fails_the_control(targets):
         ENTRY.sniff(widened)
 
 
+def _drifted(backward: Any) -> Any:
+    """``backward`` as later upstream code reads its inputs (a made-up variant, not
+    upstream's text): it casts the incoming gradient to ``ctx.input_dtype`` (#6252, merged
+    before #6624) and asks the sharded weight ``use_zero_copy_wgrad`` (main's tip), then
+    does what ``backward`` does."""
+
+    def drifted(ctx: Any, grad_output: Any) -> Any:
+        grad_output = grad_output.to(ctx.input_dtype)
+        weight = ctx.saved_tensors[1]
+        if weight.use_zero_copy_wgrad(grad_output.dtype):
+            raise AssertionError("the sniff's weight has no zero-copy buffer to offer")
+        return backward(ctx, grad_output)
+
+    return drifted
+
+
+def test_the_sniff_judges_a_backward_that_reads_what_later_upstream_code_reads(targets, rebuilt):
+    """A ``backward`` that drifted as upstream's did after 0.19.2 still reads ``needed``
+    without the fix and fixed with it: the stand-ins answer ``ctx.input_dtype`` and the
+    weight's ``use_zero_copy_wgrad`` (before, the sniff raised AttributeError there and
+    the merged fix read ``incompatible``)."""
+    stock = inspect.unwrap(targets[0].original)
+    for backward, fixed in ((stock, False), (rebuilt, True)):
+        drifted = [dataclasses.replace(targets[0], original=_drifted(backward))]
+        result = ENTRY.sniff(drifted)
+        assert result.fixed is fixed, result.summary
+        assert result.detail["main_grad_bf16"] == {"reduce_scattered": "bfloat16"}
+
+
 # --- megatron's real autograd.Function on CPU ---------------------------------------------
 
 

@@ -10,6 +10,12 @@ The target is a ``@staticmethod`` of a ``torch.autograd.Function``, decorated wi
 ``custom_bwd``. Only #6624's change is carried (its merged ``backward`` also reads
 ``ctx.input_dtype``, which #6252 added and 0.19.2's ``forward`` never sets); its
 ``validate_args`` hunk in ``megatron/training/arguments.py`` is out of scope.
+
+The sniff's stand-ins answer what later upstream code also reads, so that a release that
+carries the fix reads ``upstream`` however the code around it drifted: ``ctx.input_dtype``
+(#6252: ``backward`` casts the incoming gradient to it; here the input's dtype, as a
+``forward`` records it) and the sharded weight's ``use_zero_copy_wgrad`` (main's tip asks it
+whether to write the wgrad into the reduce-scatter buffer; no, here: a plain product).
 """
 
 import inspect
@@ -45,6 +51,10 @@ class _ShardedWeight:
 
         return torch.zeros(_OUT, _IN, dtype=self.main_grad.dtype)
 
+    def use_zero_copy_wgrad(self, dtype: DType) -> bool:
+        """Later upstream code asks whether to write the wgrad into the send buffer: no."""
+        return False
+
     def wgrad_reduce_scatter(self, grad_weight: Tensor) -> Tensor:
         self.reduce_scattered.append(grad_weight.detach().clone())
         return grad_weight[: _OUT // 2]
@@ -72,6 +82,9 @@ def _backward_once(backward: MegatronFunction, main_grad_dtype: DType) -> dict[s
         grad_output_buffer=None,
         tp_group=None,
         gtp_remat_size=2,
+        # What a forward since #6252 records (the input's dtype): a backward that casts the
+        # incoming gradient to it keeps bf16 here, as the scenario's input is.
+        input_dtype=data.dtype,
     )
     grads = backward(ctx, grad_output)
     if len(weight.reduce_scattered) != 1:
