@@ -80,6 +80,100 @@ def test_the_control_fails_when_labels_do_not_reach_the_language_model(spec, tar
         spec.sniff([dataclasses.replace(targets[0], original=drops_labels), *targets[1:]])
 
 
+# --- parameters reordered upstream (#6260), judged by behaviour ---------------------------
+
+# A made-up LLaVAModel.forward (this project's text, not upstream's) whose parameters are
+# reordered as a later release might: ``input_ids`` before ``images`` and ``imgs_sizes``
+# moved up (#6260 moved it). It hands the language model the model's labels, and the
+# combined loss mask where ``{mask}`` says so.
+_REORDERED = """
+def forward(
+    self, input_ids, images, position_ids, attention_mask, labels=None, loss_mask=None,
+    inference_context=None, num_image_tiles=None, image_token_index=None,
+    runtime_gather_output=None, packed_seq_params=None, imgs_sizes=None,
+    vision_packed_seq_params=None, sound_clips=None, sound_length=None, sound_timestamps=None,
+    num_sound_clips=None, num_frames=None, *, inference_params=None,
+):
+    if images is not None and not self.add_encoder:
+        raise ValueError("images handed to a stage without the vision encoder")
+    _, new_labels, new_loss_mask = self._preprocess_data(
+        None, None, None, loss_mask, labels, False, image_token_index, num_image_tiles
+    )
+    output = self.language_model(
+        input_ids=None, position_ids=None, attention_mask=attention_mask,
+        decoder_input=None, labels=new_labels,{mask}
+    )
+    return output, new_loss_mask
+"""
+
+
+def _reordered_forward(with_mask: bool) -> Any:
+    """The variant compiled as the LLaVA module's own code (its file, its globals), as a
+    release that carries it would have it."""
+    import megatron.core.models.multimodal.llava_model as llava
+
+    text = _REORDERED.format(mask=" loss_mask=new_loss_mask," if with_mask else "")
+    namespace: dict[str, Any] = {}
+    exec(compile(text, llava.__file__, "exec"), vars(llava), namespace)
+    return namespace["forward"]
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_the_sniff_calls_by_name_so_reordered_parameters_are_judged(spec, targets, with_mask):
+    forward = _reordered_forward(with_mask)
+    rebuilt = vendored_module(spec.vendored)
+    rest = [dataclasses.replace(t, original=getattr(rebuilt, t.attribute.rpartition(".")[2]))
+            for t in targets[1:]] if with_mask else targets[1:]  # fmt: skip
+    result = spec.sniff([dataclasses.replace(targets[0], original=forward), *rest])
+    assert result.fixed is with_mask, result.summary
+
+
+@pytest.fixture
+def mimo_fixed(spec: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MiMo's two methods as a release with the fix has them: the rebuilt ones, their code
+    given the module's file name (a release's own code, not another patch)."""
+    import types
+
+    import megatron.core.models.mimo.model.base as base
+
+    rebuilt = vendored_module(spec.vendored)
+    for name in ("_forward_all_modules", "_forward_language_module"):
+        made = getattr(rebuilt, name)
+        code = made.__code__.replace(co_filename=base.__file__)
+        own = types.FunctionType(code, made.__globals__, name, made.__defaults__, made.__closure__)
+        own.__kwdefaults__, own.__qualname__ = made.__kwdefaults__, f"MimoModel.{name}"
+        monkeypatch.setattr(base.MimoModel, name, own)
+
+
+def test_a_release_with_the_fix_and_reordered_parameters_reads_upstream(
+    spec, mimo_fixed, monkeypatch
+):
+    """The signature check refuses the vendored code there, but the behaviour is judged
+    all the same: the fix landed (before, the verdict was ``incompatible``)."""
+    from megatron.core.models.multimodal.llava_model import LLaVAModel
+
+    from tests.deciding import probe
+
+    monkeypatch.setattr(LLaVAModel, "forward", _reordered_forward(with_mask=True))
+    decision = probe(spec)
+    assert decision.verdict is Verdict.UPSTREAM, decision.reason
+    assert "judged by behaviour: upstream reordered parameters" in decision.reason
+    assert "LLaVAModel.forward signature is (self, input_ids, images" in decision.reason
+
+
+def test_a_release_without_the_fix_and_reordered_parameters_stays_incompatible(spec, monkeypatch):
+    """Without the fix the vendored code cannot go in over reordered parameters."""
+    from megatron.core.models.multimodal.llava_model import LLaVAModel
+
+    from tests.deciding import probe
+
+    monkeypatch.setattr(LLaVAModel, "forward", _reordered_forward(with_mask=False))
+    decision = probe(spec)
+    assert decision.verdict is Verdict.INCOMPATIBLE, decision.reason
+    assert decision.reason.startswith("megatron.core.models.multimodal.llava_model.LLaVAModel")
+    assert "signature is (self, input_ids, images" in decision.reason
+
+
 def _definition(function: Any) -> Any:
     import ast
     import inspect

@@ -7,7 +7,10 @@ CP-sharded mask. With multi-token prediction (``mtp_num_layers > 0``) the langua
 then trains its MTP head on the modality placeholder positions: nothing raises, the loss is
 silently wrong (NVIDIA-NeMo/Megatron-Bridge#6103, modelscope/ms-swift#8192).
 
-Two classes in two files, three methods, applied and reverted together.
+Two classes in two files, three methods, applied and reverted together. The sniff passes
+every argument but ``self`` by name: where upstream only reordered the parameters (#6260
+moved ``LLaVAModel.forward``'s ``imgs_sizes``), the signature check refuses the vendored code
+but the decision still judges the behaviour, and a release with the fix reads ``upstream``.
 """
 
 from collections.abc import Sequence
@@ -72,7 +75,16 @@ def _llava_forward(forward: MegatronFunction) -> list[dict[str, object]]:
         language_model=language_model,
     )
     ids = torch.tensor([[1, 2, 3]])
-    _, returned = forward(model, None, ids, None, None, labels=ids, loss_mask=caller_mask)
+    # By name: upstream reordered the later parameters since (#6260), not their meaning.
+    _, returned = forward(
+        model,
+        images=None,
+        input_ids=ids,
+        position_ids=None,
+        attention_mask=None,
+        labels=ids,
+        loss_mask=caller_mask,
+    )
     if returned is not mask:
         raise SniffFailed(f"LLaVAModel.forward returned loss mask {returned!r}, not {mask}")
     return [_what_reached(call, labels, mask) for call in language_model.calls]
@@ -116,7 +128,17 @@ def _mimo_calls(method: MegatronFunction, first_stage: bool | None) -> list[dict
             is_first_stage=lambda name: first_stage, is_last_stage=lambda name: True
         )
     ids = torch.tensor([[1, 2, 3]])
-    method(model, ids, None, None, caller_mask, ids, None)
+    # By name, as the LLaVA call: only the sixth parameter's name differs between the two.
+    inputs = {"modality_inputs": None} if first_stage is None else {"input_tensors": None}
+    method(
+        model,
+        input_ids=ids,
+        position_ids=None,
+        attention_mask=None,
+        loss_mask=caller_mask,
+        labels=ids,
+        **inputs,
+    )
     return [_what_reached(call, sharded[0], mask) for call in language_model.calls]
 
 

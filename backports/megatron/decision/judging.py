@@ -6,12 +6,16 @@ reason. A ``needed`` verdict also needs the replacement shown to carry the fix: 
 the vendored code, upstream-only and (in the default mode) with the local changes.
 """
 
+import inspect
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from packaging.version import Version
 
 from ..evidence.git_ancestry import commit_ancestry
+from ..kinds import Kind, Resolved
 from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec, SniffResult
 
 
@@ -112,3 +116,39 @@ def unproven_reason(folder: str, alone: SniffResult, composed: SniffResult | Non
     if composed is not None and not composed.fixed:
         return f"{folder} with the local changes does not show the fix: {composed.summary}"
     return None
+
+
+def _parameters(resolved: Resolved) -> tuple[str, ...] | None:
+    """The parameter names of a function target's undecorated body (None: not a function)."""
+    body = getattr(resolved, "body", None)
+    if not callable(body):
+        return None
+    try:
+        return tuple(inspect.signature(body).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def reordered_only(
+    spec: BackportSpec, kinds: Sequence[Kind], targets: Sequence[Resolved], reads: list[str]
+) -> bool:
+    """Whether every refusal of the targets is that upstream reordered a target's
+    parameters: the same names, the first (``self``) first, and nothing else refused once
+    the installed order is taken. Such a target cannot take the vendored code (a caller
+    passing arguments by position would hand them to the wrong parameters), yet a sniff
+    that passes them by name still tells whether the release has the fix. ``reads``
+    concern the first target, as in the decision's own refusal."""
+    reordered = False
+    for index, (target, kind, resolved) in enumerate(
+        zip(spec.targets, kinds, targets, strict=True)
+    ):
+        actual = _parameters(resolved)
+        expected = getattr(target, "parameters", ())
+        if actual is not None and expected and actual != expected:
+            if sorted(actual) != sorted(expected) or actual[:1] != expected[:1]:
+                return False
+            target = replace(target, parameters=actual)
+            reordered = True
+        if kind.refusal(target, resolved, reads if index == 0 else []) is not None:
+            return False
+    return reordered
