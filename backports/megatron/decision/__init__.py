@@ -27,6 +27,7 @@ from .judging import (
     behaviour_reasons,
     git_evidence,
     one_line,
+    renamed_reason,
     reordered_only,
     unproven_reason,
     vendored_behaviour,
@@ -143,6 +144,9 @@ def _judge_targets(
         )
         return Decision(spec, mode, None, reason, evidence)
     if isinstance(located, str):
+        renamed = renamed_reason(spec, early.version)
+        if renamed is not None:
+            return Decision(spec, mode, Verdict.INCOMPATIBLE, renamed, evidence)
         return Decision(spec, mode, Verdict.ABSENT, located, evidence)
     targets = located
     _target_evidence(spec, kinds, targets, evidence)

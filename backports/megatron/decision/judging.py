@@ -7,6 +7,7 @@ the vendored code, upstream-only and (in the default mode) with the local change
 """
 
 import inspect
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from packaging.version import Version
 
 from ..evidence.git_ancestry import commit_ancestry
 from ..kinds import Kind, Resolved
-from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec, SniffResult
+from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec, SniffResult, Target
 
 
 def one_line(exc: BaseException) -> str:
@@ -152,3 +153,35 @@ def reordered_only(
         if kind.refusal(target, resolved, reads if index == 0 else []) is not None:
             return False
     return reordered
+
+
+def _defining(target: Target, name: str) -> str | None:
+    """The first of the target's modules, as imported here, that defines ``name``."""
+    for module_name in target.modules:
+        module = sys.modules.get(module_name)
+        if module is not None and name in vars(module):
+            return module_name
+    return None
+
+
+def renamed_reason(spec: BackportSpec, version: str) -> str | None:
+    """Why a target that is missing was renamed upstream (``spec.renamed``: the old name
+    gone, the new one defined in the target's module), or None: the entry cannot install
+    there and the renamed code may still have the bug, so it is never "not needed"."""
+    by_name = {target.attribute: target for target in spec.targets}
+    found = [
+        (rename, module)
+        for rename in spec.renamed
+        if rename.old in by_name
+        and _defining(by_name[rename.old], rename.old) is None
+        and (module := _defining(by_name[rename.old], rename.new)) is not None
+    ]
+    if not found:
+        return None
+    changes = " and ".join(dict.fromkeys(rename.change for rename, _ in found))
+    names = ", ".join(f"{module}.{r.old} is now {r.new}" for r, module in found)
+    return (
+        f"{version}: renamed upstream in {changes} ({names}): this backport replaces the old "
+        "names, which nothing there reads; check by hand whether the renamed code still has "
+        "the bug, and update or delete the backport"
+    )
