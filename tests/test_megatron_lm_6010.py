@@ -82,11 +82,13 @@ def test_the_control_fails_when_labels_do_not_reach_the_language_model(spec, tar
 
 # --- parameters reordered upstream (#6260), judged by behaviour ---------------------------
 
-# A made-up LLaVAModel.forward (this project's text, not upstream's) whose parameters are
-# reordered as a later release might: ``input_ids`` before ``images`` and ``imgs_sizes``
-# moved up (#6260 moved it). It hands the language model the model's labels, and the
-# combined loss mask where ``{mask}`` says so.
-_REORDERED = """
+# A made-up LLaVAModel.forward (this project's text, not upstream's) that drifted as a later
+# release might: ``input_ids`` before ``images`` and ``imgs_sizes`` moved up (#6260 moved
+# it), a ``_preprocess_data`` that returns five values (main's tip: the combined input and
+# position ids too), and the loss mask handed only to a GPTModel / HybridModel language
+# model (main's tip). It hands the language model the model's labels, and the combined loss
+# mask where ``{mask}`` says so.
+_DRIFTED = """
 def forward(
     self, input_ids, images, position_ids, attention_mask, labels=None, loss_mask=None,
     inference_context=None, num_image_tiles=None, image_token_index=None,
@@ -96,31 +98,43 @@ def forward(
 ):
     if images is not None and not self.add_encoder:
         raise ValueError("images handed to a stage without the vision encoder")
-    _, new_labels, new_loss_mask = self._preprocess_data(
-        None, None, None, loss_mask, labels, False, image_token_index, num_image_tiles
+    _, new_labels, new_loss_mask, combined_ids, _ = self._preprocess_data(
+        None, None, input_ids, loss_mask, labels, False, None, image_token_index, None
     )
-    output = self.language_model(
-        input_ids=None, position_ids=None, attention_mask=attention_mask,
-        decoder_input=None, labels=new_labels,{mask}
+    call = dict(
+        input_ids=combined_ids, position_ids=None, attention_mask=attention_mask,
+        decoder_input=None, labels=new_labels,
     )
-    return output, new_loss_mask
+    if {mask}isinstance(self.language_model, (GPTModel, HybridModel)):
+        call["loss_mask"] = new_loss_mask
+    return self.language_model(**call), new_loss_mask
 """
 
 
-def _reordered_forward(with_mask: bool) -> Any:
+def _five_values(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """A made-up ``_preprocess_data`` of a later release: five values, not three."""
+    return None, None, None, None, None
+
+
+def _drifted_forward(with_mask: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The variant compiled as the LLaVA module's own code (its file, its globals), as a
-    release that carries it would have it."""
+    release that carries it would have it; the class's ``_preprocess_data`` drifted too."""
     import megatron.core.models.multimodal.llava_model as llava
 
-    text = _REORDERED.format(mask=" loss_mask=new_loss_mask," if with_mask else "")
+    monkeypatch.setattr(llava.LLaVAModel, "_preprocess_data", _five_values)
+    text = _DRIFTED.format(mask="" if with_mask else "False and ")
     namespace: dict[str, Any] = {}
     exec(compile(text, llava.__file__, "exec"), vars(llava), namespace)
     return namespace["forward"]
 
 
 @pytest.mark.parametrize("with_mask", [False, True])
-def test_the_sniff_calls_by_name_so_reordered_parameters_are_judged(spec, targets, with_mask):
-    forward = _reordered_forward(with_mask)
+def test_the_sniff_judges_a_forward_that_drifted_as_later_releases_did(
+    spec, targets, with_mask, monkeypatch
+):
+    """Reordered parameters (the sniff passes them by name), a ``_preprocess_data`` of five
+    values, a loss mask for a GPTModel only: still needed without the fix, fixed with it."""
+    forward = _drifted_forward(with_mask, monkeypatch)
     rebuilt = vendored_module(spec.vendored)
     rest = [dataclasses.replace(t, original=getattr(rebuilt, t.attribute.rpartition(".")[2]))
             for t in targets[1:]] if with_mask else targets[1:]  # fmt: skip
@@ -154,7 +168,7 @@ def test_a_release_with_the_fix_and_reordered_parameters_reads_upstream(
 
     from tests.deciding import probe
 
-    monkeypatch.setattr(LLaVAModel, "forward", _reordered_forward(with_mask=True))
+    monkeypatch.setattr(LLaVAModel, "forward", _drifted_forward(True, monkeypatch))
     decision = probe(spec)
     assert decision.verdict is Verdict.UPSTREAM, decision.reason
     assert "judged by behaviour: upstream reordered parameters" in decision.reason
@@ -167,7 +181,7 @@ def test_a_release_without_the_fix_and_reordered_parameters_stays_incompatible(s
 
     from tests.deciding import probe
 
-    monkeypatch.setattr(LLaVAModel, "forward", _reordered_forward(with_mask=False))
+    monkeypatch.setattr(LLaVAModel, "forward", _drifted_forward(False, monkeypatch))
     decision = probe(spec)
     assert decision.verdict is Verdict.INCOMPATIBLE, decision.reason
     assert decision.reason.startswith("megatron.core.models.multimodal.llava_model.LLaVAModel")
