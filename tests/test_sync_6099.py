@@ -85,6 +85,15 @@ FIXED = _HEAD.format(groups=_GROUPS, extra="", count=_COUNT)
 DRIFTED = _HEAD.format(
     groups=_GROUPS, extra="\n        self.newer = config.newer_option", count=_COUNT
 )
+# The fix, with count_zeros calling a module that 0.19.2 lacks (as a later upstream change
+# might add): the vendored module looks it up on the live target module, which lacks it.
+NEEDS_A_NEWER_MODULE = FIXED.replace(
+    "import torch\n",
+    "import torch\n\nimport megatron.core.optimizer.newer_counts as newer_counts\n",
+).replace(
+    "        return count_zeros_fp32(",
+    "        newer_counts.count(params)\n        return count_zeros_fp32(",
+)
 
 
 @pytest.fixture
@@ -93,7 +102,9 @@ def upstream(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     before = commit_files(repo, {PATH: BEFORE}, "layer-wise optimizer", None)
     fixed = commit_files(repo, {PATH: FIXED}, "Fix gradient counting (#6099)", before)
     drifted = commit_files(repo, {PATH: DRIFTED}, "a newer config option", fixed)
-    return tmp_path / "Megatron-LM", {"before": before, "fixed": fixed, "drifted": drifted}
+    newer = commit_files(repo, {PATH: NEEDS_A_NEWER_MODULE}, "a newer module", fixed)
+    shas = {"before": before, "fixed": fixed, "drifted": drifted, "newer": newer}
+    return tmp_path / "Megatron-LM", shas
 
 
 @pytest.fixture
@@ -145,6 +156,30 @@ def test_a_probe_that_crashes_on_the_candidate_says_so(
     assert "the probe crashed: AttributeError:" in err and "newer_option" in err, err
     assert "would not carry the fix" not in err
     assert snapshot(vendor) == kept
+
+
+def test_a_candidate_that_needs_a_newer_module_is_a_crash_not_a_missing_fix(
+    upstream: tuple[Path, dict[str, str]], vendor: Path
+) -> None:
+    repo, shas = upstream
+    kept = snapshot(vendor)
+    code, _, err = _sync(repo, shas["newer"], vendor)
+    assert code == 1
+    assert "the probe crashed: AttributeError:" in err and "'newer_counts'" in err, err
+    assert "would not carry the fix" not in err
+    assert snapshot(vendor) == kept
+
+
+def test_a_candidate_that_cannot_be_imported_is_a_crash_not_a_missing_fix(tmp_path: Path) -> None:
+    from backports.megatron.sync import verify
+
+    candidate = tmp_path / "layer_wise_optimizer.py"
+    candidate.write_text("raise ImportError('needs a newer megatron-core')\n")
+    seen = verify.sniff_file(ID, candidate)
+    assert "fixed" not in seen, seen
+    assert seen["summary"] == (
+        "the probe crashed: importing the candidate raised ImportError: needs a newer megatron-core"
+    )
 
 
 # --- the renderer alone --------------------------------------------------------------------

@@ -118,10 +118,10 @@ def sniff_file(backport_id: str, candidate: Path) -> dict[str, Any]:
         try:
             code = compile(source, str(candidate), "exec", dont_inherit=True)
             exec(code, module.__dict__)
-        except Exception as exc:  # the candidate does not even import: it shows no fix
+        except Exception as exc:  # the candidate does not import here: not judged at all
             first = (str(exc).splitlines() or [""])[0]
-            summary = f"importing it raised {type(exc).__name__}: {first}"
-            return {"fixed": False, "summary": summary, "sha256": sha256}
+            raised = f"importing the candidate raised {type(exc).__name__}: {first}"
+            return {"crashed": raised, "summary": f"the probe crashed: {raised}", "sha256": sha256}
         result = sniff_replacement(spec, module, upstream_only=True)
     finally:
         sys.modules.pop(name, None)
