@@ -29,6 +29,8 @@ from .judging import (
     behaviour_reasons,
     git_evidence,
     one_line,
+    renamed_reason,
+    reordered_only,
     unproven_reason,
     vendored_behaviour,
 )
@@ -145,12 +147,15 @@ def _judge_targets(
     if located is None:
         return Decision(spec, mode, None, _waiting_reason(spec, kinds, early.version), evidence)
     if isinstance(located, str):
+        renamed = renamed_reason(spec, early.version)
+        if renamed is not None:
+            return Decision(spec, mode, Verdict.INCOMPATIBLE, renamed, evidence)
         return Decision(spec, mode, Verdict.ABSENT, located, evidence)
     targets = located
     _target_evidence(spec, kinds, targets, evidence)
     refusal = _refusal(spec, kinds, targets, evidence["upstream"]["reads"])
     if refusal is not None:
-        return Decision(spec, mode, Verdict.INCOMPATIBLE, refusal, evidence, targets)
+        return _refused(spec, mode, early, kinds, targets, refusal)
     in_child = spec.sniff_in_child or any(kind.sniff_in_child for kind in kinds)
     key = _cache_key(spec, kinds, targets, early, in_child, plugin) if _caching() else None
     decision = _from_cache(spec, mode, key, evidence, targets)
@@ -322,6 +327,38 @@ def _refusal(
         if problem is not None:
             return problem
     return None
+
+
+def _refused(
+    spec: BackportSpec,
+    mode: str,
+    early: Early,
+    kinds: Sequence[Kind],
+    targets: tuple[Resolved, ...],
+    refusal: str,
+) -> Decision:
+    """A target the vendored code must not replace as it stands (``incompatible``). Where
+    upstream only reordered a target's parameters (``reordered_only``), the behaviour is
+    judged all the same: a release that has the fix reads ``upstream`` (nothing is
+    installed then), one without it keeps the refusal. A sniff that starts children is not
+    run for that."""
+    evidence = early.evidence
+    in_child = spec.sniff_in_child or any(kind.sniff_in_child for kind in kinds)
+    reads = evidence["upstream"]["reads"]
+    if in_child or not reordered_only(spec, kinds, targets, reads):
+        return Decision(spec, mode, Verdict.INCOMPATIBLE, refusal, evidence, targets)
+    stock = [
+        kind_of(target).stock(target, resolved)
+        for target, resolved in zip(spec.targets, targets, strict=True)
+    ]
+    (outcome,) = run_sniffs(spec, [stock], in_child=False)
+    if not isinstance(outcome, SniffResult) or not outcome.fixed:
+        return Decision(spec, mode, Verdict.INCOMPATIBLE, refusal, evidence, targets)
+    evidence["git"] = git_evidence(spec, evidence)
+    landed, _ = behaviour_reasons(spec, outcome, evidence, early.version)
+    evidence["signature_drift"] = refusal
+    reason = f"{landed} (judged by behaviour: upstream reordered parameters since: {refusal})"
+    return Decision(spec, mode, Verdict.UPSTREAM, reason, evidence, targets)
 
 
 def _caching() -> bool:
