@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ...termination import sigterm_unwinds
 from . import _tool, child
 from .budget import check_budget
 from .clone import open_clone
@@ -177,7 +178,14 @@ def _finish(d: Derivation, staging: Path, dest: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The command; every error is one line on stderr (a conflict shows its hunk after)."""
+    """The command; every error is one line on stderr (a conflict shows its hunk after).
+    A SIGTERM, as a Ctrl-C, stops every child's process group and removes the scratch
+    folder before the process ends."""
+    with sigterm_unwinds():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     d: Derivation | None = None
     try:
         if args.repo is None:
