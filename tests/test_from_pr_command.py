@@ -73,7 +73,7 @@ def test_a_pull_request_newer_than_the_clone_is_one_line_and_nothing_written(
         f"#{NEWEST}): fetch it first (git fetch origin '+refs/pull/*:refs/pull/*'); "
         "nothing written"
     ]
-    assert out == "" and not dest.exists()
+    assert out == f"{CHILDREN_NOTICE}\n" and not dest.exists()
 
 
 def test_a_fix_over_the_budget_is_refused_with_its_figures(upstream, tmp_path, capsys) -> None:
@@ -82,7 +82,34 @@ def test_a_fix_over_the_budget_is_refused_with_its_figures(upstream, tmp_path, c
     out, err = capsys.readouterr()
     assert "too big to carry" in err and "9 symbols > 8" in err and "nothing written" in err
     assert "pull request #104" in out  # what was derived up to the refusal
-    assert CHILDREN_NOTICE not in out  # nothing of the pull request ran
+    assert out.splitlines()[0] == CHILDREN_NOTICE  # said first, whatever comes after
+    assert not dest.exists()
+
+
+def test_the_notice_says_the_pull_requests_code_runs_with_the_users_rights() -> None:
+    for words in ("its tests included", "with your rights", "child processes", "pip install"):
+        assert words in CHILDREN_NOTICE
+
+
+def test_a_non_python_file_of_the_fix_under_megatron_is_refused(upstream, tmp_path, capsys):
+    """#115 changes ``divide`` and ``megatron/core/limits.json``: a function swap carries
+    the first only, so the fix would be half carried: refused, nothing written."""
+    dest = tmp_path / "plugin"
+    assert _new(upstream, 115, dest) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "backports new: #115 also changes megatron/core/limits.json, and --from-pr carries "
+        "Python functions only: the backport would lack that part of the fix; write it by "
+        "hand (backports new --pr 115 --repo ... --target ...); nothing written"
+    ]
+    assert not dest.exists()
+
+
+def test_an_octopus_merge_of_another_change_is_refused(upstream, tmp_path, capsys) -> None:
+    dest = tmp_path / "plugin"
+    assert _new(upstream, 116, dest) == 1
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "also merges" in err and "nothing written" in err
     assert not dest.exists()
 
 
@@ -132,7 +159,7 @@ def test_a_function_fix_with_a_cpu_test_is_proven_by_its_own_test(
     assert _new(upstream, 101, dest) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0] == CHILDREN_NOTICE  # said before any child ran
+    assert lines[0] == CHILDREN_NOTICE  # said before anything of the pull request ran
     assert "  divide: route a, the pull request's own test, run on the target" in out
     assert "  backports check --only mlm-pr-101: exit 0" in "\n".join(lines)
     assert "a person must still write:" in out

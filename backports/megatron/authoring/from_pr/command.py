@@ -23,7 +23,7 @@ from .budget import check_budget
 from .clone import open_clone
 from .derivation import Derivation, Names
 from .errors import BadInput, FromPrError, NotProven
-from .locate import installed_distribution, locate
+from .locate import installed_distribution, locate, refuse_uncarried_files
 from .merge import Conflict
 from .plugin import write_plugin
 from .prove import prove, upstream_tests
@@ -36,8 +36,9 @@ from .vendor import vendor
 _ID = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 T = TypeVar("T")
 CHILDREN_NOTICE = (
-    "running the pull request's code only in child interpreters (python -I or -P, in a "
-    "private scratch folder); none of it runs in this process"
+    "note: this runs the pull request's code, its tests included, with your rights, in "
+    "child processes (python -I or -P, in a private scratch folder), as pip install of a "
+    "package would: derive only from a clone you trust"
 )
 
 
@@ -112,6 +113,7 @@ def _derive(d: Derivation, number: int, scratch: Path, staging: Path, keep: bool
     d.title = re.sub(rf"\s*\(#{number}\)\s*$", "", clone.subject(pr.new.sha))
     d.changes = changes = step("symbols", lambda: changed_symbols(clone, pr))
     d.located = step("locate", lambda: locate(changes.symbols, clone, pr, installed))
+    refuse_uncarried_files(changes.other_files, installed, number)
     d.figures = check_budget(d.located)
     try:
         d.vendored = step(
@@ -126,7 +128,6 @@ def _derive(d: Derivation, number: int, scratch: Path, staging: Path, keep: bool
         )
         return
     vendored = d.vendored
-    print(CHILDREN_NOTICE, flush=True)
     write_plugin(d, staging)
     d.focus = focus_names(clone, pr, changes.symbols, changes.tests)
     tests = route_a_tests(clone, pr, changes.tests)
@@ -195,6 +196,7 @@ def _run(args: argparse.Namespace) -> int:
         clone_path = Path(args.repo).expanduser().resolve()
         clone = open_clone(args.repo)
         installed = installed_distribution()
+        print(CHILDREN_NOTICE, flush=True)  # first, once the arguments are good
         d = Derivation(
             names, clone_path, clone.origin_url(), f"{installed.name} {installed.version}"
         )
