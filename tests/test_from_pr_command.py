@@ -218,3 +218,24 @@ def test_keep_unfinished_writes_a_plugin_that_check_fails(upstream, tmp_path, ca
 
 def test_the_fixture_names_what_the_tests_expect() -> None:
     assert GELU.endswith("fused_bias_gelu.py")
+
+
+def test_a_recursion_error_anywhere_is_one_line_and_nothing_written(
+    upstream, tmp_path, capsys, monkeypatch
+) -> None:
+    """Past the parse that names the file, any step may meet a tree too deep (unparse,
+    dump): one line, exit 1, nothing written, the scratch folder gone."""
+    from backports.megatron.authoring.from_pr import command
+
+    def too_deep(*args: object, **kwargs: object) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(command, "locate", too_deep)
+    dest = tmp_path / "plugin"
+    assert _new(upstream, 101, dest) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "backports new: the pull request's code is too deeply nested or too big to analyse "
+        "(RecursionError); nothing written"
+    ]
+    assert not dest.exists() and list((tmp_path / "tmp").iterdir()) == []

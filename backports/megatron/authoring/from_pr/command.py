@@ -228,6 +228,13 @@ def _run(args: argparse.Namespace) -> int:
         _print_report(d)
         print(f"wrote {names.distribution} in {dest}: proven (contract kit, backports check)")
         return 0
+    except (RecursionError, MemoryError) as exc:  # source too deep or too big to analyse
+        print(
+            f"backports new: the pull request's code is too deeply nested or too big to "
+            f"analyse ({type(exc).__name__}); nothing written",
+            file=sys.stderr,
+        )
+        return 1
     except FromPrError as exc:
         if d is not None and d.pr is not None:
             _print_report(d)

@@ -60,9 +60,9 @@ def _fingerprint(code: str) -> str | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
             tree = ast.parse(textwrap.dedent(code))
-    except SyntaxError:
+        return _body_mark(tree.body[0]) if tree.body else None
+    except (SyntaxError, RecursionError, MemoryError):  # too deep to compare: no match
         return None
-    return _body_mark(tree.body[0]) if tree.body else None
 
 
 def _same(a: str, b: str) -> str | None:
@@ -73,7 +73,7 @@ def _same(a: str, b: str) -> str | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
             dump = [ast.dump(ast.parse(textwrap.dedent(t))) for t in (a, b)]
-    except SyntaxError:
+    except (SyntaxError, RecursionError, MemoryError):  # too deep to compare: not the same
         return None
     return "code" if dump[0] == dump[1] else None
 
