@@ -4,9 +4,12 @@ proven (nothing written, or with --keep-unfinished a plugin ``check`` fails), 2 
 The fast tests stop before any code of the pull request runs; the slow ones derive, prove
 and write whole plugins from the fixture repository (each in a few minutes)."""
 
+import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 from pathlib import Path
 
@@ -89,6 +92,9 @@ def test_a_fix_over_the_budget_is_refused_with_its_figures(upstream, tmp_path, c
 def test_the_notice_says_the_pull_requests_code_runs_with_the_users_rights() -> None:
     for words in ("its tests included", "with your rights", "child processes", "pip install"):
         assert words in CHILDREN_NOTICE
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "from-pr.md").read_text()
+    assert "It runs the pull request's code, its tests included, with your rights" in doc
+    assert "as `pip install`\nof a package would" in doc
 
 
 def test_a_non_python_file_of_the_fix_under_megatron_is_refused(upstream, tmp_path, capsys):
@@ -239,3 +245,95 @@ def test_a_recursion_error_anywhere_is_one_line_and_nothing_written(
         "(RecursionError); nothing written"
     ]
     assert not dest.exists() and list((tmp_path / "tmp").iterdir()) == []
+
+
+# ---- stopped mid-run: nothing of it outlives it (issue 42) -----------------------------------
+
+
+def _descendants(root: int) -> set[int]:
+    """Every process under ``root`` now (children started in sessions of their own too)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("phase", "sig"),
+    [("the sniff", signal.SIGTERM), ("upstream-tests", signal.SIGTERM), ("upstream-tests", 2)],
+)
+def test_a_stop_mid_run_leaves_no_scratch_folder_and_no_child(
+    upstream, tmp_path, phase, sig
+) -> None:
+    """``new --from-pr`` in a process of its own, stopped (SIGTERM, or Ctrl-C's SIGINT)
+    once the sniff child runs, or once upstream-tests has made its folder: the process
+    ends, no folder is left in the temporary folder, and no process it started lives on."""
+    tmp = tmp_path / "tmp"  # the autouse fixture made it; TMPDIR for the command
+    argv = [sys.executable, "-P", "-m", "backports.megatron", "new", "--from-pr", "101"]
+    argv += ["--repo", str(upstream.path), "--dest", str(tmp_path / "plugin")]
+    env = {**os.environ, "TMPDIR": str(tmp), "MEGATRON_BACKPORTS_CACHE_DIR": str(tmp_path / "c")}
+    process = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 900
+    while process.poll() is None and time.monotonic() < deadline:
+        seen |= _descendants(process.pid)
+        if phase == "the sniff" and seen:
+            break
+        if phase == "upstream-tests" and list(tmp.rglob("backports-upstream-*/upstream")):
+            break
+        time.sleep(0.2)
+    assert process.poll() is None, f"ended before {phase}"
+    seen |= _descendants(process.pid)
+    process.send_signal(sig)
+    code = process.wait(timeout=120)
+    assert code == (-signal.SIGTERM if sig == signal.SIGTERM else 130)
+    assert list(tmp.iterdir()) == []
+    deadline = time.monotonic() + 30
+    while [p for p in seen if _running(p)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [p for p in seen if _running(p)] == []
+    assert not (tmp_path / "plugin").exists()
+
+
+def test_a_stop_while_the_plugin_is_written_leaves_nothing_at_dest(tmp_path, monkeypatch) -> None:
+    """The plugin is copied beside ``--dest`` under a hidden name and renamed: a Ctrl-C or
+    SIGTERM mid-copy leaves neither a half plugin nor the copy."""
+    from backports.megatron.authoring.from_pr import command
+
+    def write_plugin(d: object, staging: Path) -> None:
+        (staging / "pkg").mkdir(parents=True)
+        for name in ("a.py", "b.py"):
+            (staging / "pkg" / name).write_text("x = 1\n")
+
+    def stopped_mid_copy(source: str, target: str, *args: object, **kwargs: object) -> None:
+        Path(target).mkdir()
+        (Path(target) / "a.py").write_text("x = 1\n")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "write_plugin", write_plugin)
+    monkeypatch.setattr(command.shutil, "copytree", stopped_mid_copy)
+    dest = tmp_path / "out" / "plugin"
+    with pytest.raises(KeyboardInterrupt):
+        command._finish(None, tmp_path / "staging", dest)  # type: ignore[arg-type]
+    assert list((tmp_path / "out").iterdir()) == []
+    monkeypatch.undo()
+    monkeypatch.setattr(command, "write_plugin", write_plugin)
+    command._finish(None, tmp_path / "staging", dest)  # type: ignore[arg-type]
+    assert sorted(p.name for p in (dest / "pkg").iterdir()) == ["a.py", "b.py"]
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["plugin"]

@@ -7,6 +7,7 @@ Exit status: 0 written and proven; 1 not proven or refused (nothing written, or 
 """
 
 import argparse
+import os
 import re
 import shutil
 import sys
@@ -172,10 +173,18 @@ def _scratch() -> Iterator[Path]:
 
 
 def _finish(d: Derivation, staging: Path, dest: Path) -> None:
+    """The plugin appears at ``dest`` whole or not at all: copied beside it under a hidden
+    name, then renamed (atomic); a stop mid-copy (Ctrl-C, SIGTERM) removes the copy."""
     shutil.rmtree(staging, ignore_errors=True)
     write_plugin(d, staging)  # the final README holds the whole report
     dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(str(staging), str(dest))
+    partial = dest.parent / f".{dest.name}.partial-{os.getpid()}"
+    try:
+        shutil.copytree(staging, partial, symlinks=True)
+        partial.rename(dest)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
 
 
 def run(args: argparse.Namespace) -> int:
