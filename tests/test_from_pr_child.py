@@ -91,3 +91,24 @@ def test_sigterm_stops_the_childs_process_group_and_removes_the_scratch_folder(t
     assert process.wait(timeout=60) == -signal.SIGTERM
     assert _gone(grandchild)
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_childs_home_and_temporary_folders_are_in_its_scratch_folder(
+    tmp_path, monkeypatch
+) -> None:
+    """What a child writes to its home or temporary folder (torch's caches under TMPDIR,
+    rustup's settings under HOME, upstream-tests' checkout) goes with the scratch folder;
+    git keeps the user's own settings."""
+    from backports.megatron.authoring.from_pr.child import _environment
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text("[safe]\n\tdirectory = *\n")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("GIT_CONFIG_GLOBAL", raising=False)
+    scratch = tmp_path / "scratch"
+    env = _environment(scratch, None)
+    for name in ("HOME", "TMPDIR", "TMP", "TEMP", "XDG_CACHE_HOME"):
+        assert Path(env[name]).is_relative_to(scratch), name
+    assert Path(env["TMPDIR"]).is_dir() and Path(env["HOME"]).is_dir()
+    assert env["GIT_CONFIG_GLOBAL"] == str(home / ".gitconfig")
