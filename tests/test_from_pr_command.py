@@ -102,7 +102,9 @@ def test_a_non_python_file_of_the_fix_under_megatron_is_refused(upstream, tmp_pa
     the first only, so the fix would be half carried: refused, nothing written."""
     dest = tmp_path / "plugin"
     assert _new(upstream, 115, dest) == 1
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
+    said = "other files it changes, not carried (docs, configs, test helpers): "
+    assert f"{said}megatron/core/limits.json" in out
     assert err.splitlines() == [
         "backports new: #115 also changes megatron/core/limits.json, and --from-pr carries "
         "Python functions only: the backport would lack that part of the fix; write it by "
