@@ -159,12 +159,17 @@ def _installed_check(
 
 @pytest.mark.slow
 def test_a_function_fix_with_a_cpu_test_is_proven_by_its_own_test(
-    upstream, tmp_path, capsys
+    upstream, tmp_path, capsys, monkeypatch
 ) -> None:
     """#101: route a. The plugin is written only after the contract kit and check passed
-    in children; nothing of the pull request was imported here."""
+    in children; nothing of the pull request was imported here, and nothing was written
+    outside --dest (the children's home and temporary files went with the scratch folder)."""
     dest = tmp_path / "plugin"
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
     assert _new(upstream, 101, dest) == 0, capsys.readouterr().err
+    assert list(home.iterdir()) == [] and list((tmp_path / "tmp").iterdir()) == []
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines[0] == CHILDREN_NOTICE  # said before anything of the pull request ran
