@@ -108,6 +108,8 @@ def _parse(source: str, where: str) -> ast.Module:
         return ast.parse(source)
     except SyntaxError as exc:
         raise SourceError(f"{where} does not parse: {exc}") from exc
+    except (RecursionError, MemoryError) as exc:  # a 10,000-term expression, say
+        raise SourceError(f"{where} is too deeply nested to read ({type(exc).__name__})") from exc
 
 
 def _segment(source: str, func: ast.FunctionDef) -> str:
