@@ -3,11 +3,11 @@
 Fix-likeness is a score from the merge's own words and files (``FIX_LIKE`` and up: a fix):
 
 - +3 the subject says fix (``fix:``, ``fix(moe):``, "Fix ...", "bug", "hotfix");
-- +2 it names a silent-numerics symptom (NaN, inf, wrong, incorrect, corrupt, mismatch,
-  silently, overflow, precision, dtype, loss, gradient, norm), a crash (crash, segfault,
-  illegal memory access, hang, deadlock, exception, error, fail, timeout) or a memory one
-  (OOM, out of memory, leak, memory, allocation, free); the first found, in that order, is
-  the category;
+- +2 it names a symptom strongly: silent numerics (NaN, inf, wrong, incorrect, corrupt,
+  mismatch, silently, overflow, under-update), a crash (crash, segfault, illegal memory
+  access, hang, deadlock) or memory (OOM, out of memory, leak); else +1 weakly: precision,
+  dtype, loss, gradient, norm (numerics); exception, error, fail, timeout (crash); memory,
+  allocation, free (memory). The first found, in that order, is the category;
 - +1 it adds or changes a test (a file under ``tests/``);
 - +1 it links an issue (``#1234`` other than its own number, "Fixes", "Closes");
 - -3 the subject says refactor, rename, move, clean up, remove unused, simplify, or starts
@@ -33,7 +33,7 @@ _SEVERITY = (
     (
         "numerics",
         r"\bnan\b|\binf\b|\bwrong\b|\bincorrect(?:ly)?\b|\bcorrupt\w*|\bmismatch\w*"
-        r"|\bsilent(?:ly)?\b|\boverflow\w*|\bunderflow\w*",
+        r"|\bsilent(?:ly)?\b|\boverflow\w*|\bunderflow\w*|\b(?:under|over)-?updat\w*",
         r"\bprecision\b|\bdtype\b|\bfp32\b|\bloss\b|\bgrad(?:ient)?s?\b|\bnorm\b"
         r"|\bdivergen\w*",
     ),
@@ -68,8 +68,8 @@ def fix_signal(merge: Merge) -> FixSignal:
         category = "fix"
     severity = _severity(text)
     if severity is not None:
-        score += 2
-        category, word = severity
+        category, word, strength = severity
+        score += 2 if strength == 1 else 1
         words.append(word)
     tests = tuple(f for f in merge.files if f.startswith("tests/"))
     score += 1 if tests else 0
@@ -89,13 +89,13 @@ def fix_signal(merge: Merge) -> FixSignal:
     return FixSignal(score, category, tuple(words), tests, tuple(issues))
 
 
-def _severity(text: str) -> tuple[str, str] | None:
-    """(category, the word) of the first symptom named, strong words first."""
+def _severity(text: str) -> tuple[str, str, int] | None:
+    """(category, the word, 1 strong or 2 weak) of the first symptom named, strong first."""
     for strength in (1, 2):
         for entry in _SEVERITY:
             hit = re.search(entry[strength], text, re.I)
             if hit:
-                return entry[0], hit.group(0).lower()
+                return entry[0], hit.group(0).lower(), strength
     return None
 
 
