@@ -141,3 +141,36 @@ def test_since_overrides_the_branch_point(upstream, capsys) -> None:
 
 def test_upstream_text_reaches_a_terminal_escaped() -> None:
     assert printable("fix \x1b[2Jall\u202e (#1)") == "fix \\x1b[2Jall\\u202e (#1)"
+
+
+def test_derive_runs_from_pr_on_the_top_k_not_yet_carried(upstream, capsys, monkeypatch) -> None:
+    """The children are stood in for (a real derivation takes minutes): which candidates
+    are chosen, and where each outcome lands."""
+    from backports.megatron.authoring.candidates import derive
+
+    asked: list[int] = []
+
+    def fake(candidate, clone, into):  # type: ignore[no-untyped-def]
+        asked.append(candidate.merge.pr)
+        return {"exit": 1, "dest": None, "said": f"refused #{candidate.merge.pr}"}
+
+    monkeypatch.setattr(derive, "derive_one", fake)
+    code, out, _ = _run(capsys, "--repo", str(upstream.path), "--json", "--derive", "2")
+    assert code == 0
+    document = json.loads(out)
+    wanted = [c["pr"] for c in document["candidates"] if c["needed"] and not c["carried_by"]]
+    assert asked == wanted[:2] and 6099 not in asked and 201 not in asked
+    derived = {c["pr"]: c["derived"] for c in document["candidates"] if c["derived"]}
+    assert derived == {n: {"exit": 1, "dest": None, "said": f"refused #{n}"} for n in asked}
+
+
+def test_ctrl_c_is_130_with_nothing_printed(upstream, capsys, monkeypatch) -> None:
+    from backports.megatron.authoring.candidates import history
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(history, "merges", interrupted)
+    code, out, err = _run(capsys, "--repo", str(upstream.path))
+    assert (code, out) == (130, "")
+    assert err.strip() == "backports: interrupted"
