@@ -158,8 +158,12 @@ def test_derive_runs_from_pr_on_the_top_k_not_yet_carried(upstream, capsys, monk
     code, out, _ = _run(capsys, "--repo", str(upstream.path), "--json", "--derive", "2")
     assert code == 0
     document = json.loads(out)
-    wanted = [c["pr"] for c in document["candidates"] if c["needed"] and not c["carried_by"]]
-    assert asked == wanted[:2] and 6099 not in asked and 201 not in asked
+    wanted = [
+        c["pr"]
+        for c in document["candidates"]
+        if c["needed"] and not c["carried_by"] and c["from_pr"]["carryable"]
+    ]
+    assert asked == wanted[:2] and 6099 not in asked and 201 not in asked and 207 not in asked
     derived = {c["pr"]: c["derived"] for c in document["candidates"] if c["derived"]}
     assert derived == {n: {"exit": 1, "dest": None, "said": f"refused #{n}"} for n in asked}
 

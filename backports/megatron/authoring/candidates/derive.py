@@ -1,5 +1,7 @@
 """``--derive K``: ``backports new --from-pr N`` on the top K candidates that still need
-carrying (needed, not carried by an entry, with a pull-request number), one child each.
+carrying (needed, not carried by an entry, with a pull-request number) and that ``--from-pr``
+would not refuse before its first child (its verdict ``carryable``: a refused one's outcome
+is its verdict already), one child each.
 
 Each child is a fresh interpreter (``python -I``: no code from the caller's folder or
 environment) run in a private scratch folder; the plugin it writes goes to
@@ -18,7 +20,11 @@ from .model import Candidate
 
 def to_derive(candidates: list[Candidate], count: int) -> list[Candidate]:
     """The first ``count`` ranked candidates still to carry."""
-    wanted = [c for c in candidates if c.needed and not c.carried_by and c.merge.pr is not None]
+    wanted = [
+        c
+        for c in candidates
+        if c.needed and not c.carried_by and c.merge.pr is not None and c.from_pr.carryable
+    ]
     return wanted[:count]
 
 
