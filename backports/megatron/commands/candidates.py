@@ -17,7 +17,7 @@ def _count(text: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--repo", metavar="CLONE", help="a local Megatron-LM clone (plain is enough)"
+        "--repo", metavar="CLONE", help="a local Megatron-LM clone (a plain clone is enough)"
     )
     parser.add_argument(
         "--since",
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--derive",
         type=_count,
         metavar="K",
-        help="run `backports new --from-pr` on the top K candidates not yet carried",
+        help="run `backports new --from-pr` on the top K carryable candidates not yet carried",
     )
 
 

@@ -66,7 +66,7 @@ def _wrapped(text: str) -> list[str]:
     return textwrap.wrap(text, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
 
 
-def table(candidates: list[Candidate], head: dict[str, Any], limit: int | None = None) -> str:
+def table(candidates: list[Candidate], head: dict[str, Any]) -> str:
     """The header lines, then one row per candidate, most valuable first."""
     span: Range = head["range"]
     main = re.sub(r"^refs/(heads|remotes)/", "", span.main_ref)
@@ -84,10 +84,7 @@ def table(candidates: list[Candidate], head: dict[str, Any], limit: int | None =
     )
     lines.append("")
     lines.append(_row([name for name, _ in _COLUMNS] + ["subject"]))
-    shown = candidates if limit is None else candidates[:limit]
-    lines += [_row(_cells(c)) for c in shown]
-    if limit is not None and len(candidates) > limit:
-        lines.append(f"... {len(candidates) - limit} more (--json lists every one)")
+    lines += [_row(_cells(c)) for c in candidates]
     for c in candidates:
         if c.derived is not None:
             said = printable(str(c.derived.get("said", "")))

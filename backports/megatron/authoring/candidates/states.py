@@ -191,11 +191,13 @@ def symbol_states(
     """(the merge's changes, each symbol's state, why it could not be read, if so)."""
     if merge.parent is None:
         return None, (), "a root commit: nothing to compare with"
+    from git.exc import GitError  # gitpython: open_clone has imported it already
+
     texts.forget()
     try:
         changes = changed_symbols(texts.clone, _as_pull_request(merge, main_ref))
-    except FromPrError as exc:  # a file that does not parse
-        return None, (), str(exc).splitlines()[0]
+    except (FromPrError, GitError) as exc:  # a file that does not parse, a diff git refuses
+        return None, (), (str(exc).splitlines() or [type(exc).__name__])[0]
     return changes, tuple(_state(s, merge, texts) for s in changes.symbols), None
 
 
