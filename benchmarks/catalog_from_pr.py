@@ -5,7 +5,7 @@ by hand: what round 2 of ``--from-pr`` proves, what it refuses and why.
                                          [--out PATH]
 
 The clone is a plain ``git clone`` of a local mirror of NVIDIA/Megatron-LM into a scratch
-folder outside the repository, with the heads of the pull requests run that the mirror has
+folder outside the repository, with the heads of the five pull requests that the mirror has
 fetched (``refs/pull/N/head``, as the command asks of a clone without them); not timed.
 Each pull request runs as ``python -P -m backports.megatron new --from-pr N --repo CLONE
 --dest DIR`` in the running interpreter (its megatron-core is the release it derives
@@ -47,7 +47,7 @@ PRS = {
 }
 _ROUTE = re.compile(r"^  (\S+)\s.*sniff: route ([abc])", re.MULTILINE)
 # What the command says when the clone does not know the pull request at all.
-_NOT_FOUND = re.compile(r"no (pull ref|commit|merge)|not (found|in the clone)|unknown pull", re.I)
+_NOT_FOUND = re.compile(r"newer than this clone|not (found )?in (this|the) clone", re.I)
 
 
 def _clone(mirror: Path, scratch: Path, numbers: list[int]) -> Path:
@@ -55,8 +55,8 @@ def _clone(mirror: Path, scratch: Path, numbers: list[int]) -> Path:
     subprocess.run(["git", "clone", "--quiet", str(mirror), str(clone)], check=True)
     # A plain clone holds branches only; --from-pr reads a pull request's head, which a user
     # fetches as the command asks ("fetch the pull requests first"): the heads the mirror has
-    # of the pull requests run (all of refs/pull/* would not do: the mirror lacks objects of
-    # some old ones).
+    # of the five, whichever are run (all of refs/pull/* would not do: the mirror lacks
+    # objects of some old ones).
     listed = subprocess.run(
         ["git", "-C", str(clone), "ls-remote", "origin", "refs/pull/*/head"],
         capture_output=True,
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     scratch = Path(tempfile.mkdtemp(prefix="bench-catalog-from-pr-"))
     runs = []
     try:
-        clone = _clone(args.mirror, scratch, args.prs)
+        clone = _clone(args.mirror, scratch, list(PRS))
         for number in args.prs:
             runs.append(_one(number, clone, scratch))
             run = runs[-1]
