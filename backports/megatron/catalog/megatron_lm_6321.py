@@ -6,9 +6,10 @@ the load directory holds no checkpoint: exit status 0, so schedulers and CI coun
 trained nothing as a success. The fix exits with status 1.
 
 Outside ``megatron.core``: the wheel ships ``megatron/training``. The vendored code is an
-exit-status translation around the installed function, not a copy of it. Its signature
-(with ``dp_cp_group``, ``expt_dp_group``, ``gpt_compat_layer_maps``) arrives in 0.19: older
-releases have the same bug under the older signature, which this entry does not carry.
+exit-status translation around the installed function, not a copy of it. The wheel ships
+``megatron/training`` from 0.17; the signature the entry is written for (with
+``dp_cp_group``, ``expt_dp_group``, ``gpt_compat_layer_maps``) arrives in 0.19, so on 0.17
+and 0.18, which have the bug, the entry is ``incompatible``.
 """
 
 import tempfile
@@ -114,10 +115,11 @@ SPEC = BackportSpec(
             helpers=("get_loaded_iteration", "print_rank_0"),
         ),
     ),
-    # The bare sys.exit() is older than 0.12; the function takes this signature (with
-    # dp_cp_group, expt_dp_group, gpt_compat_layer_maps) from 0.19, the first release the
-    # entry can carry. get_loaded_iteration, which the translation reads, is there from 0.16.
-    target_since=Version("0.19"),
+    # The megatron-core wheel ships megatron/training from 0.17 (0.16.1's has none; 0.17.1's
+    # has this function, bare sys.exit() included, as upstream's source has since before
+    # 0.12). 0.17 and 0.18 take an older signature (without dp_cp_group, expt_dp_group,
+    # gpt_compat_layer_maps): there the entry is incompatible, not "not needed".
+    target_since=Version("0.17"),
     # No megatron-core release carries it yet (0.19.2 is the newest on PyPI and lacks it).
     fixed_in=None,
     sniff=_sniff,

@@ -1,7 +1,7 @@
 """NVIDIA/Megatron-LM#6507: the optimizer builder releases every high-precision init value.
 
 With FP8 / MXFP8 primary weights (``--fp8-param-gather``), Transformer Engine keeps a
-high-precision copy of each parameter's initial value in host memory; megatron-core 0.16 to
+high-precision copy of each parameter's initial value in host memory; megatron-core 0.9 to
 0.19.2's ``get_megatron_optimizer`` leaves every copy but those the distributed optimizer
 releases for its own shard, so host memory grows with the model, to OOM on large ones.
 The fix clears them all at the end of the builder's standard (Adam / SGD) path.
@@ -145,10 +145,11 @@ SPEC = BackportSpec(
             ),
         ),
     ),
-    # The builder takes this signature (config_overrides, pg_collection,
-    # dump_param_to_param_group_map) from 0.16; the values it never released are older (FP8
-    # primary weights, 2024).
-    target_since=Version("0.16"),
+    # get_megatron_optimizer is in megatron.core from 0.6; the values it never releases come
+    # with FP8 primary weights in 0.9 (#1669, 033d8b0de5). The signature the entry is
+    # written for arrives in 0.16: on 0.9 to 0.15 the entry is incompatible.
+    target_since=Version("0.6"),
+    bug_since=Version("0.9"),
     # No megatron-core release carries it yet (0.19.2 is the newest on PyPI and lacks it).
     fixed_in=None,
     sniff=_sniff,
