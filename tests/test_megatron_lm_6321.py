@@ -240,3 +240,42 @@ def test_status_on_a_release_with_the_fix_says_upstream(checkpointing, monkeypat
 @pytest.mark.parametrize("check", CONTRACT, ids=lambda check: check.__name__)
 def test_the_contract(check):
     check(ENTRY)
+
+
+# --- megatron.training's logging set-up stays off a command's stdout --------------------------
+
+
+def test_root_logging_set_up_at_import_stays_off_the_commands_stdout(monkeypatch, capsys):
+    """Importing megatron.training runs ``logging.basicConfig`` (a stdout handler at INFO);
+    during a command the tool's INFO records must not land in its table or JSON."""
+    import logging
+
+    from backports.megatron.commands.output import root_logging_kept_off_stdout
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # as in a fresh `backports` process
+    monkeypatch.setattr(root, "level", logging.WARNING)
+    with root_logging_kept_off_stdout():
+        logging.basicConfig(handlers=[logging.StreamHandler(sys.stdout)], level=logging.INFO)
+        logging.getLogger("backports.megatron.job.announce").info("installed %s", ID)
+        logging.getLogger("backports.megatron.job.announce").warning("a warning")
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "a warning" in err and "installed" not in err
+    assert root.handlers == []
+
+
+def test_check_json_on_stdout_is_json_alone(tmp_path):
+    """`backports check --json` imports megatron.training (this entry's target) and installs
+    it: its stdout is the JSON document and nothing else."""
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_BACKPORTS")}
+    env["MEGATRON_BACKPORTS_CACHE"] = "0"
+    command = [sys.executable, "-P", "-m", "backports.megatron", "check", "--only", ID, "--json"]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (row,) = json.loads(done.stdout)
+    assert row["id"] == ID and row["check"]["ok"] is True
