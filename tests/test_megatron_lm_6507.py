@@ -295,3 +295,32 @@ def test_status_on_a_release_with_the_fix_says_upstream(optimizer_module, monkey
 @pytest.mark.parametrize("check", CONTRACT, ids=lambda check: check.__name__)
 def test_the_contract(check):
     check(ENTRY)
+
+
+# --- megatron's real builder over its real DDP and DistributedOptimizer --------------------
+
+
+@pytest.mark.slow  # a child interpreter over gloo (~30 s)
+def test_real_builder_rehearsed_on_cpu_keeps_then_releases_then_keeps(tmp_path):
+    """tools/gpu_jobs/fp8_init_vals.py (the one-GPU job, CPU memory standing in for the
+    GPU's): six parameters with host copies; the builder, called by the name
+    ``megatron.training.training`` holds, leaves six stock, none with the backport, six
+    after revert."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    job = Path(__file__).resolve().parents[1] / "tools" / "gpu_jobs" / "fp8_init_vals.py"
+    out = tmp_path / "fp8_init_vals.json"
+    command = [sys.executable, "-P", str(job), "--device", "cpu", "--json", str(out)]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    held = {name: run["host_copies_held"] for name, run in runs.items()}
+    assert held == {"stock": 6, "backport": 0, "reverted": 6}
+    assert [runs[n]["builder_backport"] for n in ("stock", "backport", "reverted")] == [
+        None,
+        ID,
+        None,
+    ]
