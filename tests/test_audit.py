@@ -109,6 +109,25 @@ def test_0_18_2_wheel_is_absent(request, capsys):
     )
 
 
+@pytest.mark.parametrize("version", ["0.18.2", "0.17.1"])
+def test_older_wheels_need_6507_and_cannot_take_6321(request, capsys, version):
+    """Both bugs are in 0.17.1 and 0.18.2. #6507's builder has the signature it is written
+    for (from 0.16): needed. #6321's function (the wheel ships megatron/training from 0.17)
+    takes three fewer arguments before 0.19: incompatible, never "not needed"."""
+    wheel = _wheel(request, version)
+    only = ["--only", "megatron-lm-6507", "--only", "megatron-lm-6321"]
+    code, reports, _ = _audit(capsys, "--wheel", str(wheel), *only)
+    builder = report_for(reports, "megatron-lm-6507")
+    assert code == 0 and builder["verdict"] == "needed", builder
+    assert "keeps every parameter's high-precision init value" in builder["reason"]
+    exit_status = report_for(reports, "megatron-lm-6321")
+    assert exit_status["verdict"] == "incompatible", exit_status
+    assert (
+        "signature is (load_dir, args, rank0, sharded_state_dict, checkpointing_context)"
+        in (exit_status["reason"])
+    )
+
+
 def test_a_release_before_the_bug_is_absent_saying_so(request, capsys):
     """#6682's target is in 0.17.1, masked as the fix masks: the bug came with 0.18."""
     wheel = _wheel(request, "0.17.1")

@@ -38,7 +38,7 @@ def _run(argv: Sequence[str] | None) -> int:
 
     _job.ignore_this_interpreters_trigger()
     quiet = nullcontext() if args.verbose else output.import_notices_hidden()
-    with quiet, output.warnings_as_notes(args.warning_notes):
+    with quiet, output.warnings_as_notes(args.warning_notes), output.root_logging_kept_off_stdout():
         try:
             code = int(args.run(args))
             sys.stdout.flush()  # a full disk is the command's error (a gone reader is not)

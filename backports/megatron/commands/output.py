@@ -352,6 +352,24 @@ def import_notices_hidden() -> Iterator[None]:
 
 
 @contextmanager
+def root_logging_kept_off_stdout() -> Iterator[None]:
+    """Python's last-resort handler (stderr, warnings and up) put on the root logger while
+    the command runs, where it has none. Importing ``megatron.training`` (a target module of
+    megatron-lm-6321) runs ``logging.basicConfig`` with a handler on stdout at INFO, which
+    would print this tool's own INFO records into its table or JSON; basicConfig does nothing
+    once the root logger has a handler, so what shows and where is as without that import."""
+    root, handler = logging.getLogger(), logging.lastResort
+    if root.handlers or handler is None:
+        yield
+        return
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+
+
+@contextmanager
 def warnings_as_notes(notes: list[str]) -> Iterator[None]:
     """Collect each ``BackportWarning`` as a ``warning:`` note; others show as usual."""
     with warnings.catch_warnings():

@@ -1,0 +1,1 @@
+"""NVIDIA/Megatron-LM#6321: ``--exit-on-missing-checkpoint`` ends the job with status 1."""
