@@ -18,7 +18,15 @@ from ..errors import BackportError
 from ..kinds.constructor import Constructor
 from ..kinds.import_guard import ImportGuard
 from ..kinds.module_attribute import ModuleAttribute
-from ..model import BackportSpec, LocalChange, SniffFailed, SniffResult, Target, VendoredRef
+from ..model import (
+    BackportSpec,
+    Copy,
+    LocalChange,
+    SniffFailed,
+    SniffResult,
+    Target,
+    VendoredRef,
+)
 from ..session import SESSION
 
 if TYPE_CHECKING:  # plugins are loaded on first use, never when this package is imported
@@ -28,6 +36,7 @@ __all__ = [
     "CATALOG",
     "BackportSpec",
     "Constructor",
+    "Copy",
     "ImportGuard",
     "LocalChange",
     "ModuleAttribute",
