@@ -77,7 +77,10 @@ def _sniff_function(function: MegatronFunction) -> SniffResult:
     group = optimizer.param_groups[0]
     if (group["lr"], group["weight_decay"]) != (_LR, _WEIGHT_DECAY):
         raise SniffFailed(f"lr and weight decay left at {group['lr']}, {group['weight_decay']}")
-    step = float(optimizer.state[parameter]["step"])
+    state = optimizer.state.get(parameter, {})
+    if "step" not in state:
+        raise SniffFailed("fully_shard_optimizer built no optimizer state to load into")
+    step = float(state["step"])
     moved = float(parameter.detach().sub(1.0).abs().max())
     reference, reference_parameter = _optimizer(None)
     update = _first_update(optimizer, parameter)

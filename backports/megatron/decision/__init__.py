@@ -153,8 +153,10 @@ def _decide_copies(
     return _combined(spec, mode, decisions)
 
 
-# Which copy's verdict is the entry's, first first: one copy to install makes it ``needed``.
-_COPY_ORDER = (Verdict.NEEDED, Verdict.INCOMPATIBLE, Verdict.UPSTREAM, Verdict.ABSENT)
+# Which copy's verdict is the entry's, first first. A copy unlike any version makes the
+# entry incompatible (``strict`` refuses it, nothing is installed: the catalog's rule for a
+# target it cannot judge); else one copy to install makes it ``needed``.
+_COPY_ORDER = (Verdict.INCOMPATIBLE, Verdict.NEEDED, Verdict.UPSTREAM, Verdict.ABSENT)
 
 
 def _combined(spec: BackportSpec, mode: str, decisions: Sequence[Decision]) -> Decision:
