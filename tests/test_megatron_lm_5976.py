@@ -145,9 +145,8 @@ def test_sniff_refuses_a_function_unlike_any_version(parts):
 
 @pytest.mark.parametrize("module_name", [CORE, WHEEL])
 def test_real_fully_shard_optimizer_before_apply_after_and_after_revert(module_name):
-    import megatron_fsdp
-
     import megatron.core.distributed.fsdp.src.megatron_fsdp as core_package
+    import megatron_fsdp
 
     package = megatron_fsdp if module_name == WHEEL else core_package
     module = _module(module_name)
