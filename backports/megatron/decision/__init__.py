@@ -182,6 +182,9 @@ def _combined(spec: BackportSpec, mode: str, decisions: Sequence[Decision]) -> D
         return Decision(spec, mode, None, reason, {"copies": copies})
     leading = decided[0]
     evidence = {**leading.evidence, "copies": copies}
+    # The entry's own distribution (the first target's) stays the one reports name.
+    if "distribution" in decisions[0].evidence:
+        evidence["distribution"] = decisions[0].evidence["distribution"]
     evidence["targets"] = [shown for d in decisions for shown in d.evidence.get("targets", [])]
     if leading.verdict is not Verdict.NEEDED:
         return Decision(spec, mode, leading.verdict, reason, evidence, leading.targets)
