@@ -80,7 +80,7 @@ def _units(owner: type, init: MegatronFunction, strategy: str) -> list[str]:
             "_fine_grained_recurse_module_types": lambda self, *args: None,
         },
     )
-    instance = object.__new__(sniffed)
+    instance: Any = object.__new__(sniffed)
     ddp_config = _Unset(data_parallel_sharding_strategy=strategy, bucket_size=None)
     try:
         with_globals(init, overrides)(instance, _Unset(), ddp_config, None, device="cpu")
