@@ -253,3 +253,38 @@ def test_status_and_apply_count_the_models_wrapped_before_it(adapter):
 @pytest.mark.parametrize("check", CONTRACT, ids=lambda check: check.__name__)
 def test_the_contract(check):
     check(ENTRY)
+
+
+# --- a renamed class (upstream's main calls it FullyShardedDataParallelV1) ------------------
+
+_RENAMED_RELEASE = """
+class FullyShardedDataParallelV1:
+    def __init__(self, config, ddp_config, module, fsdp_unit_modules=None,
+                 disable_bucketing=False, device=None, pg_collection=None):
+        pass
+
+
+def FullyShardedDataParallel(*args, **kwargs):
+    return FullyShardedDataParallelV1(*args, **kwargs)
+"""
+
+
+def test_the_constructor_is_found_under_its_renamed_class(tmp_path, monkeypatch):
+    """A made-up release laid out as upstream's main: ``FullyShardedDataParallel`` a
+    function, the class renamed. The target is found on the renamed class, and only with
+    ``owner_renamed``."""
+    import importlib
+
+    from backports.megatron.kinds.function import find_in
+
+    (tmp_path / "renamed_fsdp_adapter.py").write_text(_RENAMED_RELEASE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("renamed_fsdp_adapter")
+    try:
+        target = ENTRY.targets[0]
+        found = find_in(module, target, ID)
+        assert found is not None and found.owner is module.FullyShardedDataParallelV1
+        assert found.original is vars(module.FullyShardedDataParallelV1)["__init__"]
+        assert find_in(module, dataclasses.replace(target, owner_renamed=()), ID) is None
+    finally:
+        monkeypatch.delitem(__import__("sys").modules, "renamed_fsdp_adapter")

@@ -82,6 +82,10 @@ class Target:
     # When the installed original is decorated, the vendored body is decorated with the
     # live decorator and installed behind a plain shim; None: never decorated.
     decorator: str | None = None
+    # Other names of a method's class in other releases of the distribution (upstream
+    # renamed it: main's FullyShardedDataParallelV1 is 0.19.2's FullyShardedDataParallel),
+    # looked up in order where ``attribute``'s class is not in the module.
+    owner_renamed: tuple[str, ...] = ()
 
     @property
     def owner_name(self) -> str | None:

@@ -117,6 +117,20 @@ _RULES: dict[str, tuple[str, str, str, SourceRule]] = {
     ),
 }
 
+# Upstream's main (#5865) calls the adapter's class FullyShardedDataParallelV1 (there
+# FullyShardedDataParallel is a function that picks V1 or V2).
+_RENAMED = {"FullyShardedDataParallel": "FullyShardedDataParallelV1"}
+
+
+def _owner(module: Any, name: str, method: str) -> Any:
+    """The class ``name`` of ``module`` that defines ``method``, else its renamed one."""
+    for candidate in (name, _RENAMED.get(name, name)):
+        owner = getattr(module, candidate, None)
+        if isinstance(owner, type) and method in vars(owner):
+            return owner
+    raise AttributeError(f"{module.__name__} has no class {name} that defines {method}")
+
+
 # replacement name -> (the installed method it was rebuilt from, the rebuilt method)
 _BUILT: dict[str, tuple[Any, Any]] = {}
 
@@ -128,7 +142,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     module_name, owner, method, rule = _RULES[name]
     module = importlib.import_module(module_name)
-    original = installed_function(vars(getattr(module, owner))[method], module)
+    original = installed_function(vars(_owner(module, owner, method))[method], module)
     built = _BUILT.get(name)
     if built is None or built[0] is not original:
         built = (original, rebuild(original, rule))

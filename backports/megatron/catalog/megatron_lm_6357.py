@@ -196,6 +196,9 @@ SPEC = BackportSpec(
                 "pg_collection",
             ),
             replacement="fully_sharded_data_parallel_init",  # a module's own __init__ is taken
+            # Upstream's main (#5865) renamed the class: there FullyShardedDataParallel is
+            # a function that picks V1 or V2.
+            owner_renamed=("FullyShardedDataParallelV1",),
         ),
         Target(
             distribution="megatron-core",
