@@ -46,12 +46,9 @@ class _Unset(SimpleNamespace):
         return None
 
 
-class _UnitsChosen(Exception):
-    """Raised by the stand-in MegatronFSDP with the unit modules the constructor chose."""
-
-    def __init__(self, units: object) -> None:
-        super().__init__("units chosen")
-        self.units = units
+# What the stand-in MegatronFSDP raises once it has the unit modules: the constructor goes
+# no further (the rest needs process groups and CUDA).
+_CHOSEN = SniffFailed("the constructor reached MegatronFSDP (the sniff stops it there)")
 
 
 def _units(owner: type, init: MegatronFunction, strategy: str) -> list[str]:
@@ -59,8 +56,11 @@ def _units(owner: type, init: MegatronFunction, strategy: str) -> list[str]:
     when it is given none, on a bare instance of a throwaway subclass with no process group
     (its dist index and TP annotation do nothing), up to the MegatronFSDP it would build."""
 
+    chosen: list[Any] = []
+
     def megatron_fsdp(**kwargs: Any) -> None:
-        raise _UnitsChosen(kwargs["fsdp_unit_modules"])
+        chosen.append(kwargs["fsdp_unit_modules"])
+        raise _CHOSEN
 
     overrides = {
         "HAVE_MEGATRON_FSDP": True,
@@ -84,9 +84,15 @@ def _units(owner: type, init: MegatronFunction, strategy: str) -> list[str]:
     ddp_config = _Unset(data_parallel_sharding_strategy=strategy, bucket_size=None)
     try:
         with_globals(init, overrides)(instance, _Unset(), ddp_config, None, device="cpu")
-    except _UnitsChosen as chosen:
-        return [getattr(unit, "__name__", repr(unit)) for unit in chosen.units]  # type: ignore[attr-defined]
-    raise SniffFailed("the constructor never built its MegatronFSDP")
+    except SniffFailed as stopped:
+        if stopped is not _CHOSEN:
+            raise
+        # Its traceback holds the constructor's frame, hence the bare instance: dropped,
+        # or the instance would count as a model wrapped before the install.
+        stopped.with_traceback(None)
+    if len(chosen) != 1:
+        raise SniffFailed("the constructor never built its MegatronFSDP")
+    return [getattr(unit, "__name__", repr(unit)) for unit in chosen[0]]
 
 
 def _overwrites(method: MegatronFunction, strategy: str) -> bool | None:
