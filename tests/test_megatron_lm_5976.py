@@ -271,3 +271,39 @@ def test_a_fixed_copy_is_upstream_and_only_the_other_is_installed(tmp_path, monk
 @pytest.mark.parametrize("check", CONTRACT, ids=lambda check: check.__name__)
 def test_the_contract(check):
     check(ENTRY)
+
+
+@pytest.mark.slow  # a child interpreter that imports megatron (seconds)
+def test_a_job_importing_one_copy_gets_both_installed(tmp_path):
+    """``apply()`` before megatron is imported defers the entry; importing megatron-core's
+    copy judges both copies (megatron-fsdp's module brought in, as for an entry that is not
+    coupled) and installs both."""
+    import json
+    import os
+    import subprocess
+
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        from backports.megatron import apply
+        (report,) = apply("{ID}")
+        deferred = str(report.action)
+        wheel_before = "{WHEEL}" in sys.modules
+        import {CORE}
+        marks = [getattr(sys.modules[name].fully_shard_optimizer, "__backport__", None)
+                 for name in ("{CORE}", "{WHEEL}")]
+        print(json.dumps([deferred, wheel_before, marks]))
+        """
+    )
+    env = {**os.environ, "MEGATRON_BACKPORTS_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    deferred, wheel_before, marks = json.loads(done.stdout.splitlines()[-1])
+    assert (deferred, wheel_before, marks) == ("deferred", False, [ID, ID])
