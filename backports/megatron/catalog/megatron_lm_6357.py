@@ -36,7 +36,6 @@ from ..private_globals import with_globals
 from ._untyped import MegatronFunction
 
 _STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
-_LAYERS = ["TransformerLayer", "MoETransformerLayer", "MambaLayer"]
 
 
 class _Unset(SimpleNamespace):
@@ -112,8 +111,6 @@ def _overwrites(method: MegatronFunction, strategy: str) -> bool | None:
     return None if value is None else bool(value)
 
 
-_FIXED_UNITS = {s: ([] if s == "no_shard" else _LAYERS) for s in _STRATEGIES}
-_STOCK_UNITS = {s: (_LAYERS if s == "optim_grads_params" else []) for s in _STRATEGIES}
 _FIXED_OVERWRITE = {
     "no_shard": None,
     "optim": False,
@@ -135,9 +132,13 @@ def _judge_units(target: ResolvedTarget) -> bool:
     import inspect
 
     units = {s: _units(owner, inspect.unwrap(target.original), s) for s in _STRATEGIES}
-    if units not in (_FIXED_UNITS, _STOCK_UNITS):
+    # The layers ZeRO-3 wraps (0.18 wraps TransformerLayer alone; 0.19 adds MoE and Mamba).
+    layers = units["optim_grads_params"]
+    fixed = {s: ([] if s == "no_shard" else layers) for s in _STRATEGIES}
+    stock = {s: (layers if s == "optim_grads_params" else []) for s in _STRATEGIES}
+    if not layers or units not in (fixed, stock):
         raise SniffFailed(f"the constructor chose units {units}")
-    return units == _FIXED_UNITS
+    return units == fixed
 
 
 def _judge_overwrite(target: ResolvedTarget) -> bool:
