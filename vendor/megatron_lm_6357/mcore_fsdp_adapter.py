@@ -33,7 +33,7 @@ import ast
 import importlib
 from typing import Any
 
-from ._source_rule import SourceRule, installed_function, rebuild
+from ._source_rule import SourceRule, installed_function, rebuild, source_sha256
 
 _UNITS_RULE = "fsdp-units-when-sharding"
 _OVERWRITE_RULE = "overwrite-only-sharded-grads"
@@ -84,24 +84,36 @@ def _overwrite_only_sharded_grads(definition: ast.FunctionDef) -> int:
     return changed
 
 
-_UNITS = SourceRule(
-    name=_UNITS_RULE,
-    symbol="FullyShardedDataParallel.__init__",
-    installed_sha256="144bc72268ce1f3ce1d6ee350f7726dbf0117d8ccda3ef4f557074a3f741f903",
-    edit=_units_when_sharding,
-    places=1,
+# One rule per installed text: megatron-core 0.19.2's first (its message names the text a
+# refused one was compared with), then 0.18.2's and 0.17.1's (the units were TransformerLayer
+# alone; the same test on the strategy).
+_UNITS = tuple(
+    SourceRule(
+        name=_UNITS_RULE,
+        symbol="FullyShardedDataParallel.__init__",
+        installed_sha256=sha256,
+        edit=_units_when_sharding,
+        places=1,
+    )
+    for sha256 in (
+        "144bc72268ce1f3ce1d6ee350f7726dbf0117d8ccda3ef4f557074a3f741f903",
+        "99fdbcfeec40074d447e0882972e41c483855293f5edd900fbb9b8da7b66d595",
+        "d5661b3407c527a3e780a552cf7918541c049b25045b2144abb99605c8797fcb",
+    )
 )
-# megatron-core 0.19.2 and megatron-fsdp 0.6.1 hold this very text.
-_OVERWRITE = SourceRule(
-    name=_OVERWRITE_RULE,
-    symbol="MegatronFSDP.all_gather_and_wait_parameters_ready",
-    installed_sha256="767ad3323d31125b4001b5a1f87d230f589d8f09de467587e8a8b440b3a81d0a",
-    edit=_overwrite_only_sharded_grads,
-    places=1,
+# megatron-core 0.17.1 to 0.19.2 and megatron-fsdp 0.6.1 hold this very text.
+_OVERWRITE = (
+    SourceRule(
+        name=_OVERWRITE_RULE,
+        symbol="MegatronFSDP.all_gather_and_wait_parameters_ready",
+        installed_sha256="767ad3323d31125b4001b5a1f87d230f589d8f09de467587e8a8b440b3a81d0a",
+        edit=_overwrite_only_sharded_grads,
+        places=1,
+    ),
 )
 
-# replacement name -> (module, class, method, rule)
-_RULES: dict[str, tuple[str, str, str, SourceRule]] = {
+# replacement name -> (module, class, method, the rules for each installed text)
+_RULES: dict[str, tuple[str, str, str, tuple[SourceRule, ...]]] = {
     "fully_sharded_data_parallel_init": (_ADAPTER, "FullyShardedDataParallel", "__init__", _UNITS),
     "all_gather_and_wait_parameters_ready": (
         "megatron.core.distributed.fsdp.src.megatron_fsdp.megatron_fsdp",
@@ -140,11 +152,13 @@ def __getattr__(name: str) -> Any:
     makes a new class: the constructor's ``super()`` must see that one)."""
     if name not in _RULES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module_name, owner, method, rule = _RULES[name]
+    module_name, owner, method, rules = _RULES[name]
     module = importlib.import_module(module_name)
     original = installed_function(vars(_owner(module, owner, method))[method], module)
     built = _BUILT.get(name)
     if built is None or built[0] is not original:
+        text = source_sha256(original)
+        rule = next((r for r in rules if r.installed_sha256 == text), rules[0])
         built = (original, rebuild(original, rule))
         _BUILT[name] = built
     return built[1]

@@ -76,6 +76,7 @@ def _units(owner: type, init: MegatronFunction, strategy: str) -> list[str]:
             "__setattr__": object.__setattr__,
             "_init_dist_index": lambda self, pg_collection: None,
             "_annotate_tensor_parallelism": lambda self, module: None,
+            "_fix_tensor_parallel_attributes": lambda self, module: None,  # 0.17's name
             "_fine_grained_recurse_module_types": lambda self, *args: None,
         },
     )
