@@ -26,7 +26,11 @@ upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has
 - #95 (main only) renames ``_kernel_make_viewless_tensor`` and adds ``_buffer_size``;
   #112 (merged) changes both: one renamed (found by its body), one absent;
 - #113 (merged): the jit_fuser'd ``bias_gelu_back`` calls a new helper (carried along);
-- #114 (merged): ``WrappedTensor.__init__`` reads ``DTensor``, bound only in a ``try``.
+- #114 (merged): ``WrappedTensor.__init__`` reads ``DTensor``, bound only in a ``try``;
+- #115 (merged): changes ``accepts_parameter`` and a data file (``megatron/core/limits.json``),
+  which a function swap cannot carry;
+- #116 (merged by an octopus merge titled ``(#116)``): its head changes ``divide``; the
+  merge also brings a branch of no pull request that changes ``GeLUFunction.backward``.
 """
 
 from __future__ import annotations
@@ -46,7 +50,8 @@ DIVISIBILITY = "megatron/core/divisibility.py"
 POST_TRAINING = "megatron/post_training/notes.py"
 TEST_UTILS = "tests/unit_tests/test_utils.py"
 TEST_GELU = "tests/unit_tests/fusions/test_fused_bias_gelu.py"
-NEWEST = 114
+NEWEST = 116
+LIMITS = "megatron/core/limits.json"
 
 DIVIDE = '''\
 def divide(numerator, denominator):
@@ -150,9 +155,17 @@ class _Builder:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
             git_cmd.add(path)
+        with git_cmd.custom_environment(**self.identity()):
+            git_cmd.commit("--quiet", "--allow-empty", "-m", message)
+        sha = self.repo.head.commit.hexsha
+        self.files[sha] = dict(files)
+        return sha
+
+    def identity(self) -> dict[str, str]:
+        """The author, committer and a date one hour after the last commit's."""
         self.tick += 1
         date = f"2026-08-{1 + self.tick // 24:02d}T{self.tick % 24:02d}:00:00+00:00"
-        env = {
+        return {
             "GIT_AUTHOR_NAME": "Fixture",
             "GIT_AUTHOR_EMAIL": "fixture@example.com",
             "GIT_COMMITTER_NAME": "Fixture",
@@ -160,14 +173,6 @@ class _Builder:
             "GIT_AUTHOR_DATE": date,
             "GIT_COMMITTER_DATE": date,
         }
-        with git_cmd.custom_environment(**env):
-            if parent is None:
-                git_cmd.commit("--quiet", "--allow-empty", "-m", message)
-            else:
-                git_cmd.commit("--quiet", "--allow-empty", "-m", message)
-        sha = self.repo.head.commit.hexsha
-        self.files[sha] = dict(files)
-        return sha
 
     def change(self, parent: str, message: str, **edits: dict[str, str]) -> str:
         files = dict(self.files[parent])
@@ -394,6 +399,30 @@ def build(root: Path) -> Upstream:
     )
     c["head114"] = _pull(b, 114, main, "dtensor", {UTILS: u})
     c["merge114"] = main = _merge(b, main, 114, "Note distributed tensors", c["head114"])
+
+    # #115: a change to a non-Python file under megatron/ beside its Python change.
+    u = edit(
+        b.files[main][UTILS],
+        "p.name == name or p.kind == inspect.Parameter.VAR_KEYWORD for p in params",
+        "p.name == name for p in params",
+    )
+    c["head115"] = _pull(b, 115, main, "limits", {UTILS: u, LIMITS: '{"divide": 1}\n'})
+    c["merge115"] = main = _merge(b, main, 115, "Divide within limits", c["head115"])
+
+    # #116: an octopus merge titled (#116) brings #116's head and a branch of its own.
+    u = edit(b.files[main][UTILS], "    return numerator // denominator\n",
+             "    return numerator // denominator  # whole\n")  # fmt: skip
+    c["head116"] = _pull(b, 116, main, "comment", {UTILS: u})
+    g = edit(b.files[main][GELU], "        return tmp, tmp\n", "        return tmp, tmp  # both\n")
+    c["other116"] = b.change(main, "Another change", files={GELU: g})
+    both = b.change(main, "both", files={UTILS: u, GELU: g})
+    tree = b.repo.commit(both).tree.hexsha
+    parents = [main, c["head116"], c["other116"]]
+    with b.repo.git.custom_environment(**b.identity()):
+        flags = [arg for parent in parents for arg in ("-p", parent)]
+        octopus = b.repo.git.commit_tree(tree, *flags, "-m", "Merge branches (#116)").strip()
+    b.files[octopus] = b.files[both]
+    c["merge116"] = main = octopus
 
     b.ref("refs/heads/main", main)
     b.repo.git.checkout("--quiet", "--force", "main")

@@ -367,8 +367,8 @@ def test_a_plugin_that_imports_megatron_at_module_level_leaves_one_megatron(tmp_
     )
     script = _PLUGIN_IMPORTING_MEGATRON.format(root=str(root))
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_BACKPORTS")}
-    # No verdict cache: this process proves #6964 itself (a job's process with the cache on
-    # waits for the proof `backports apply` keeps: tests/test_isolation.py), and writes none.
+    # No proof store: this process proves #6964 itself (a job's process with the store on
+    # proves it once per node: tests/test_isolation.py), and writes none.
     env["MEGATRON_BACKPORTS_CACHE"] = "0"
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env

@@ -68,6 +68,7 @@ def test_one_set_of_exit_statuses_for_the_commands_and_sync():
 _ALLOWED = {"api", "report", "errors", "exit_status"}
 _OWN_BACK_END = {
     "new": {"authoring"},
+    "candidates": {"authoring"},
     "upstream_tests": {"upstream_tests"},
     "sync": {"sync"},
     "_job": {"job"},

@@ -4,9 +4,12 @@ proven (nothing written, or with --keep-unfinished a plugin ``check`` fails), 2 
 The fast tests stop before any code of the pull request runs; the slow ones derive, prove
 and write whole plugins from the fixture repository (each in a few minutes)."""
 
+import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 from pathlib import Path
 
@@ -73,7 +76,7 @@ def test_a_pull_request_newer_than_the_clone_is_one_line_and_nothing_written(
         f"#{NEWEST}): fetch it first (git fetch origin '+refs/pull/*:refs/pull/*'); "
         "nothing written"
     ]
-    assert out == "" and not dest.exists()
+    assert out == f"{CHILDREN_NOTICE}\n" and not dest.exists()
 
 
 def test_a_fix_over_the_budget_is_refused_with_its_figures(upstream, tmp_path, capsys) -> None:
@@ -82,7 +85,39 @@ def test_a_fix_over_the_budget_is_refused_with_its_figures(upstream, tmp_path, c
     out, err = capsys.readouterr()
     assert "too big to carry" in err and "9 symbols > 8" in err and "nothing written" in err
     assert "pull request #104" in out  # what was derived up to the refusal
-    assert CHILDREN_NOTICE not in out  # nothing of the pull request ran
+    assert out.splitlines()[0] == CHILDREN_NOTICE  # said first, whatever comes after
+    assert not dest.exists()
+
+
+def test_the_notice_says_the_pull_requests_code_runs_with_the_users_rights() -> None:
+    for words in ("its tests included", "with your rights", "child processes", "pip install"):
+        assert words in CHILDREN_NOTICE
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "from-pr.md").read_text()
+    assert "It runs the pull request's code, its tests included, with your rights" in doc
+    assert "as `pip install`\nof a package would" in doc
+
+
+def test_a_non_python_file_of_the_fix_under_megatron_is_refused(upstream, tmp_path, capsys):
+    """#115 changes ``divide`` and ``megatron/core/limits.json``: a function swap carries
+    the first only, so the fix would be half carried: refused, nothing written."""
+    dest = tmp_path / "plugin"
+    assert _new(upstream, 115, dest) == 1
+    out, err = capsys.readouterr()
+    said = "other files it changes, not carried (docs, configs, test helpers): "
+    assert f"{said}megatron/core/limits.json" in out
+    assert err.splitlines() == [
+        "backports new: #115 also changes megatron/core/limits.json, and --from-pr carries "
+        "Python functions only: the backport would lack that part of the fix; write it by "
+        "hand (backports new --pr 115 --repo ... --target ...); nothing written"
+    ]
+    assert not dest.exists()
+
+
+def test_an_octopus_merge_of_another_change_is_refused(upstream, tmp_path, capsys) -> None:
+    dest = tmp_path / "plugin"
+    assert _new(upstream, 116, dest) == 1
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "also merges" in err and "nothing written" in err
     assert not dest.exists()
 
 
@@ -124,15 +159,20 @@ def _installed_check(
 
 @pytest.mark.slow
 def test_a_function_fix_with_a_cpu_test_is_proven_by_its_own_test(
-    upstream, tmp_path, capsys
+    upstream, tmp_path, capsys, monkeypatch
 ) -> None:
     """#101: route a. The plugin is written only after the contract kit and check passed
-    in children; nothing of the pull request was imported here."""
+    in children; nothing of the pull request was imported here, and nothing was written
+    outside --dest (the children's home and temporary files went with the scratch folder)."""
     dest = tmp_path / "plugin"
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
     assert _new(upstream, 101, dest) == 0, capsys.readouterr().err
+    assert list(home.iterdir()) == [] and list((tmp_path / "tmp").iterdir()) == []
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0] == CHILDREN_NOTICE  # said before any child ran
+    assert lines[0] == CHILDREN_NOTICE  # said before anything of the pull request ran
     assert "  divide: route a, the pull request's own test, run on the target" in out
     assert "  backports check --only mlm-pr-101: exit 0" in "\n".join(lines)
     assert "a person must still write:" in out
@@ -191,3 +231,116 @@ def test_keep_unfinished_writes_a_plugin_that_check_fails(upstream, tmp_path, ca
 
 def test_the_fixture_names_what_the_tests_expect() -> None:
     assert GELU.endswith("fused_bias_gelu.py")
+
+
+def test_a_recursion_error_anywhere_is_one_line_and_nothing_written(
+    upstream, tmp_path, capsys, monkeypatch
+) -> None:
+    """Past the parse that names the file, any step may meet a tree too deep (unparse,
+    dump): one line, exit 1, nothing written, the scratch folder gone."""
+    from backports.megatron.authoring.from_pr import command
+
+    def too_deep(*args: object, **kwargs: object) -> None:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(command, "locate", too_deep)
+    dest = tmp_path / "plugin"
+    assert _new(upstream, 101, dest) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "backports new: the pull request's code is too deeply nested or too big to analyse "
+        "(RecursionError); nothing written"
+    ]
+    assert not dest.exists() and list((tmp_path / "tmp").iterdir()) == []
+
+
+# ---- stopped mid-run: nothing of it outlives it (issue 42) -----------------------------------
+
+
+def _descendants(root: int) -> set[int]:
+    """Every process under ``root`` now (children started in sessions of their own too)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("phase", "sig"),
+    [("the sniff", signal.SIGTERM), ("upstream-tests", signal.SIGTERM), ("upstream-tests", 2)],
+)
+def test_a_stop_mid_run_leaves_no_scratch_folder_and_no_child(
+    upstream, tmp_path, phase, sig
+) -> None:
+    """``new --from-pr`` in a process of its own, stopped (SIGTERM, or Ctrl-C's SIGINT)
+    once the sniff child runs, or once upstream-tests has made its folder: the process
+    ends, no folder is left in the temporary folder, and no process it started lives on."""
+    tmp = tmp_path / "tmp"  # the autouse fixture made it; TMPDIR for the command
+    argv = [sys.executable, "-P", "-m", "backports.megatron", "new", "--from-pr", "101"]
+    argv += ["--repo", str(upstream.path), "--dest", str(tmp_path / "plugin")]
+    env = {**os.environ, "TMPDIR": str(tmp), "MEGATRON_BACKPORTS_CACHE_DIR": str(tmp_path / "c")}
+    process = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL)
+    seen: set[int] = set()
+    deadline = time.monotonic() + 900
+    while process.poll() is None and time.monotonic() < deadline:
+        seen |= _descendants(process.pid)
+        if phase == "the sniff" and seen:
+            break
+        if phase == "upstream-tests" and list(tmp.rglob("backports-upstream-*/upstream")):
+            break
+        time.sleep(0.2)
+    assert process.poll() is None, f"ended before {phase}"
+    seen |= _descendants(process.pid)
+    process.send_signal(sig)
+    code = process.wait(timeout=120)
+    assert code == (-signal.SIGTERM if sig == signal.SIGTERM else 130)
+    assert list(tmp.iterdir()) == []
+    deadline = time.monotonic() + 30
+    while [p for p in seen if _running(p)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [p for p in seen if _running(p)] == []
+    assert not (tmp_path / "plugin").exists()
+
+
+def test_a_stop_while_the_plugin_is_written_leaves_nothing_at_dest(tmp_path, monkeypatch) -> None:
+    """The plugin is copied beside ``--dest`` under a hidden name and renamed: a Ctrl-C or
+    SIGTERM mid-copy leaves neither a half plugin nor the copy."""
+    from backports.megatron.authoring.from_pr import command
+
+    def write_plugin(d: object, staging: Path) -> None:
+        (staging / "pkg").mkdir(parents=True)
+        for name in ("a.py", "b.py"):
+            (staging / "pkg" / name).write_text("x = 1\n")
+
+    def stopped_mid_copy(source: str, target: str, *args: object, **kwargs: object) -> None:
+        Path(target).mkdir()
+        (Path(target) / "a.py").write_text("x = 1\n")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "write_plugin", write_plugin)
+    monkeypatch.setattr(command.shutil, "copytree", stopped_mid_copy)
+    dest = tmp_path / "out" / "plugin"
+    with pytest.raises(KeyboardInterrupt):
+        command._finish(None, tmp_path / "staging", dest)  # type: ignore[arg-type]
+    assert list((tmp_path / "out").iterdir()) == []
+    monkeypatch.undo()
+    monkeypatch.setattr(command, "write_plugin", write_plugin)
+    command._finish(None, tmp_path / "staging", dest)  # type: ignore[arg-type]
+    assert sorted(p.name for p in (dest / "pkg").iterdir()) == ["a.py", "b.py"]
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["plugin"]

@@ -80,6 +80,7 @@ def test_a_merge_that_changes_other_files_than_its_head_is_not_verified(upstream
     import git
 
     repo = git.Repo(upstream.path)
+    main = repo.commit("main").hexsha
     repo.git.checkout("--quiet", "--force", "--detach", "main")
     (upstream.path / "UNRELATED.md").write_text("x\n")
     repo.git.add("UNRELATED.md")
@@ -91,5 +92,36 @@ def test_a_merge_that_changes_other_files_than_its_head_is_not_verified(upstream
         assert pr.merge is not None and pr.merge.sha == sha
         assert not pr.merge.verified and "NOT the same files" in pr.merge.how
     finally:
-        repo.git.update_ref("refs/heads/main", upstream.sha("merge114"))
+        repo.git.update_ref("refs/heads/main", main)
         repo.git.checkout("--quiet", "--force", "main")
+
+
+def test_an_octopus_merge_bringing_another_change_is_refused_in_one_line(upstream, clone) -> None:
+    """#116's merge on main is an octopus that also brings a branch of no pull request
+    (its change to GeLU's backward): refused, not used "NOT verified"."""
+    with pytest.raises(Refused) as caught:
+        resolve_pull_request(clone, 116)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"also merges {upstream.sha('other116')[:12]} (Another change)" in message
+    assert "write this backport by hand" in message
+
+
+def test_a_merge_commit_of_the_head_alone_is_verified(tmp_path, upstream) -> None:
+    """A plain two-parent merge of refs/pull/116/head titled (#116): its change against
+    main is the head's, so it is used, verified, with main as its base."""
+    copy = tmp_path / "clone"
+    upstream.repo.git.clone("--quiet", "--mirror", str(upstream.path), str(copy))
+    repo = open_clone(str(copy))
+    main = upstream.sha("merge115")
+    tree = upstream.repo.commit(upstream.sha("head116")).tree.hexsha
+    env = {"GIT_AUTHOR_NAME": "F", "GIT_AUTHOR_EMAIL": "f@x", "GIT_COMMITTER_NAME": "F"}
+    env["GIT_COMMITTER_EMAIL"] = "f@x"
+    with repo.git.custom_environment(**env):
+        merge = repo.git.commit_tree(
+            tree, "-p", main, "-p", upstream.sha("head116"), "-m", "Merge (#116)"
+        ).strip()
+    repo.git.update_ref("refs/heads/main", merge)
+    pr = resolve_pull_request(repo, 116)
+    assert pr.merge is not None and pr.merge.sha == merge and pr.merge.verified, pr.merge
+    assert pr.base.sha == main

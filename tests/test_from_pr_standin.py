@@ -244,3 +244,35 @@ def test_route_a_binds_a_subclass_whose_method_is_the_one_under_judgement() -> N
     # The installed backward reads ctx.saved_tensors of None: an error, not a failure.
     outcome = standin.run_test(test, name, GeLUFunction, with_globals)
     assert outcome.startswith("error AttributeError")
+
+
+def _divide_raises_on_a_remainder() -> None:
+    """A test as #101 of the fixture would write it, with ``pytest.raises``."""
+    import pytest
+
+    with pytest.raises(ValueError):
+        divide(7, 2)  # noqa: F821 - bound by run_test, as route a binds the target
+
+
+def _skips() -> None:
+    import pytest
+
+    pytest.skip("needs a GPU")
+
+
+def test_route_a_takes_pytest_raises_that_sees_nothing_raised_for_a_failure() -> None:
+    """``pytest.raises`` with nothing raised raises ``Failed``, a ``BaseException``: it is
+    the test failing, not the end of the process that runs it (the sniff child died)."""
+
+    def whole(numerator: int, denominator: int) -> float:
+        return numerator / denominator
+
+    def refuses(numerator: int, denominator: int) -> int:
+        if numerator % denominator:
+            raise ValueError("remainder")
+        return numerator // denominator
+
+    test = _divide_raises_on_a_remainder
+    assert standin.run_test(test, "divide", whole, with_globals) == "failed"
+    assert standin.run_test(test, "divide", refuses, with_globals) == "passed"
+    assert standin.run_test(_skips, "divide", whole, with_globals) == "error Skipped: needs a GPU"

@@ -91,3 +91,17 @@ def test_another_distributions_checkout_is_read_by_its_own_package(tmp_path):
     assert wrong["checkout"] is False and "megatron-core sits inside" in wrong["note"]
     missing = commit_ancestry(None, {"merge": fix}, **own)
     assert missing == {"checkout": False, "note": "other-dist not found on sys.path"}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "MAJOR = " + " + ".join(["0"] * 10_000) + "\n",  # RecursionError in ast.parse
+        "MAJOR = 0\n" + "#" * (64 * 1024) + "\n",  # bigger than megatron's ever is
+        "MAJOR = '\xff'\n",  # not UTF-8 once written as latin-1
+    ],
+    ids=["too-deep", "too-big", "not-utf8"],
+)
+def test_a_package_info_that_cannot_be_read_is_no_evidence(tmp_path, text) -> None:
+    (tmp_path / "package_info.py").write_text(PACKAGE_INFO + text, encoding="latin-1")
+    assert _version_from_package_info(tmp_path) is None

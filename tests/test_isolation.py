@@ -232,36 +232,35 @@ def test_a_folder_of_job_scripts_on_the_path_keeps_the_childs_proof(tmp_path, mo
     assert key_with([str(checkout)]) == [str(checkout), *site]
 
 
-def test_a_job_without_the_proof_skips_a_child_sniff_entry_and_says_how_to_prove_it(
-    tmp_path, monkeypatch
-):
-    """A job's processes start no child interpreters of their own (many ranks, each ~30 s):
-    with the verdict cache on and no proof in it, #6964 waits, and the one line says what
-    writes the proof."""
-    from backports.megatron import api
+def test_a_job_without_the_proof_proves_a_child_sniff_entry_itself_once(tmp_path, monkeypatch):
+    """No proof, no silence: with the proof store on and no proof in it, a job's process runs
+    #6964's child sniff itself (under the store's lock), keeps the proof, and the next
+    process of the node reads it and starts no child."""
+    from backports.megatron import api, decision
 
     monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE", "1")
     monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE_DIR", str(tmp_path / "cache"))
-    ran = []
-    monkeypatch.setattr(children, "run_python", lambda *a, **k: ran.append(a))
+    sniffed, locked = [], []
+    real_sniffed, real_proving = decision._sniffed, verdict_cache.proving
+
+    def counting(spec, *args, **kwargs):
+        sniffed.append(spec.id)
+        return real_sniffed(spec, *args, **kwargs)
+
+    def proving(spec):
+        locked.append(spec.id)
+        return real_proving(spec)
+
+    monkeypatch.setattr(decision, "_sniffed", counting)
+    monkeypatch.setattr(verdict_cache, "proving", proving)
     (report,) = api.apply_in_job(("megatron-lm-6964",))
-    assert report.action is Action.SKIPPED and report.verdict is Verdict.NEEDED
-    assert "run `backports apply` or `backports status` once" in report.reason
-    assert ran == []
-
-
-@pytest.mark.parametrize(("cache", "child_sniffs"), [("1", False), ("0", True)])
-def test_with_the_cache_off_a_jobs_process_runs_the_child_sniffs_itself(
-    monkeypatch, cache, child_sniffs
-):
-    """No cache, no proof to wait for: each process proves for itself (the switch's cost)."""
-    from backports.megatron import api
-
-    monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE", cache)
-    seen = []
-    monkeypatch.setattr(api, "_apply", lambda *a, child_sniffs: seen.append(child_sniffs) or [])
-    api.apply_in_job()
-    assert seen == [child_sniffs]
+    assert report.verdict is Verdict.NEEDED and report.action is not Action.SKIPPED
+    assert report.evidence["cache"] == {"hit": False, "file": report.evidence["cache"]["file"]}
+    assert sniffed == locked == ["megatron-lm-6964"]
+    api.revert("megatron-lm-6964")
+    (again,) = api.apply_in_job(("megatron-lm-6964",))
+    assert again.evidence["cache"]["hit"] is True and sniffed == ["megatron-lm-6964"]
+    api.revert("megatron-lm-6964")
 
 
 def test_a_folder_a_package_put_on_the_path_keeps_the_childs_proof(tmp_path, monkeypatch):

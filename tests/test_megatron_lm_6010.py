@@ -80,6 +80,114 @@ def test_the_control_fails_when_labels_do_not_reach_the_language_model(spec, tar
         spec.sniff([dataclasses.replace(targets[0], original=drops_labels), *targets[1:]])
 
 
+# --- parameters reordered upstream (#6260), judged by behaviour ---------------------------
+
+# A made-up LLaVAModel.forward (this project's text, not upstream's) that drifted as a later
+# release might: ``input_ids`` before ``images`` and ``imgs_sizes`` moved up (#6260 moved
+# it), a ``_preprocess_data`` that returns five values (main's tip: the combined input and
+# position ids too), and the loss mask handed only to a GPTModel / HybridModel language
+# model (main's tip). It hands the language model the model's labels, and the combined loss
+# mask where ``{mask}`` says so.
+_DRIFTED = """
+def forward(
+    self, input_ids, images, position_ids, attention_mask, labels=None, loss_mask=None,
+    inference_context=None, num_image_tiles=None, image_token_index=None,
+    runtime_gather_output=None, packed_seq_params=None, imgs_sizes=None,
+    vision_packed_seq_params=None, sound_clips=None, sound_length=None, sound_timestamps=None,
+    num_sound_clips=None, num_frames=None, *, inference_params=None,
+):
+    if images is not None and not self.add_encoder:
+        raise ValueError("images handed to a stage without the vision encoder")
+    _, new_labels, new_loss_mask, combined_ids, _ = self._preprocess_data(
+        None, None, input_ids, loss_mask, labels, False, None, image_token_index, None
+    )
+    call = dict(
+        input_ids=combined_ids, position_ids=None, attention_mask=attention_mask,
+        decoder_input=None, labels=new_labels,
+    )
+    if {mask}isinstance(self.language_model, (GPTModel, HybridModel)):
+        call["loss_mask"] = new_loss_mask
+    return self.language_model(**call), new_loss_mask
+"""
+
+
+def _five_values(self: Any, *args: Any, **kwargs: Any) -> Any:
+    """A made-up ``_preprocess_data`` of a later release: five values, not three."""
+    return None, None, None, None, None
+
+
+def _drifted_forward(with_mask: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The variant compiled as the LLaVA module's own code (its file, its globals), as a
+    release that carries it would have it; the class's ``_preprocess_data`` drifted too."""
+    import megatron.core.models.multimodal.llava_model as llava
+
+    monkeypatch.setattr(llava.LLaVAModel, "_preprocess_data", _five_values)
+    text = _DRIFTED.format(mask="" if with_mask else "False and ")
+    namespace: dict[str, Any] = {}
+    exec(compile(text, llava.__file__, "exec"), vars(llava), namespace)
+    return namespace["forward"]
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_the_sniff_judges_a_forward_that_drifted_as_later_releases_did(
+    spec, targets, with_mask, monkeypatch
+):
+    """Reordered parameters (the sniff passes them by name), a ``_preprocess_data`` of five
+    values, a loss mask for a GPTModel only: still needed without the fix, fixed with it."""
+    forward = _drifted_forward(with_mask, monkeypatch)
+    rebuilt = vendored_module(spec.vendored)
+    rest = [dataclasses.replace(t, original=getattr(rebuilt, t.attribute.rpartition(".")[2]))
+            for t in targets[1:]] if with_mask else targets[1:]  # fmt: skip
+    result = spec.sniff([dataclasses.replace(targets[0], original=forward), *rest])
+    assert result.fixed is with_mask, result.summary
+
+
+@pytest.fixture
+def mimo_fixed(spec: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MiMo's two methods as a release with the fix has them: the rebuilt ones, their code
+    given the module's file name (a release's own code, not another patch)."""
+    import types
+
+    import megatron.core.models.mimo.model.base as base
+
+    rebuilt = vendored_module(spec.vendored)
+    for name in ("_forward_all_modules", "_forward_language_module"):
+        made = getattr(rebuilt, name)
+        code = made.__code__.replace(co_filename=base.__file__)
+        own = types.FunctionType(code, made.__globals__, name, made.__defaults__, made.__closure__)
+        own.__kwdefaults__, own.__qualname__ = made.__kwdefaults__, f"MimoModel.{name}"
+        monkeypatch.setattr(base.MimoModel, name, own)
+
+
+def test_a_release_with_the_fix_and_reordered_parameters_reads_upstream(
+    spec, mimo_fixed, monkeypatch
+):
+    """The signature check refuses the vendored code there, but the behaviour is judged
+    all the same: the fix landed (before, the verdict was ``incompatible``)."""
+    from megatron.core.models.multimodal.llava_model import LLaVAModel
+
+    from tests.deciding import probe
+
+    monkeypatch.setattr(LLaVAModel, "forward", _drifted_forward(True, monkeypatch))
+    decision = probe(spec)
+    assert decision.verdict is Verdict.UPSTREAM, decision.reason
+    assert "judged by behaviour: upstream reordered parameters" in decision.reason
+    assert "LLaVAModel.forward signature is (self, input_ids, images" in decision.reason
+
+
+def test_a_release_without_the_fix_and_reordered_parameters_stays_incompatible(spec, monkeypatch):
+    """Without the fix the vendored code cannot go in over reordered parameters."""
+    from megatron.core.models.multimodal.llava_model import LLaVAModel
+
+    from tests.deciding import probe
+
+    monkeypatch.setattr(LLaVAModel, "forward", _drifted_forward(False, monkeypatch))
+    decision = probe(spec)
+    assert decision.verdict is Verdict.INCOMPATIBLE, decision.reason
+    assert decision.reason.startswith("megatron.core.models.multimodal.llava_model.LLaVAModel")
+    assert "signature is (self, input_ids, images" in decision.reason
+
+
 def _definition(function: Any) -> Any:
     import ast
     import inspect

@@ -94,6 +94,73 @@ def test_a_backward_that_widens_every_wgrad_fails_the_control(targets):
         ENTRY.sniff(widened)
 
 
+def _drifted_class(function_class: type, backward: Any) -> type:
+    """``function_class`` drifted as upstream's did after 0.19.2 (a made-up variant, not
+    upstream's text): its ``forward`` takes one more parameter (``output_dtype``) and records
+    ``ctx.input_dtype``; ``backward`` casts the incoming gradient to it and asks the
+    sharded weight ``use_zero_copy_wgrad`` (main's tip), then does what ``backward``
+    does."""
+    stock_forward = inspect.unwrap(vars(function_class)["forward"].__func__)
+
+    def forward(
+        ctx, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
+        sequence_parallel, grad_output_buffer, wgrad_deferral_limit, tp_group,
+        gtp_remat_size, output_dtype,
+    ):  # fmt: skip
+        assert output_dtype is None  # the sniff's default: the input's own dtype
+        ctx.input_dtype = input.dtype
+        return stock_forward(
+            ctx, input, weight, bias, gradient_accumulation_fusion, allreduce_dgrad,
+            sequence_parallel, grad_output_buffer, wgrad_deferral_limit, tp_group,
+            gtp_remat_size,
+        )  # fmt: skip
+
+    def drifted_backward(ctx: Any, grad_output: Any) -> Any:
+        grad_output = grad_output.to(ctx.input_dtype)
+        weight = ctx.saved_tensors[1]
+        if weight.use_zero_copy_wgrad(grad_output.dtype):
+            raise AssertionError("the sniff's weight has no zero-copy buffer to offer")
+        return backward(ctx, grad_output)
+
+    members = {"forward": staticmethod(forward), "backward": staticmethod(drifted_backward)}
+    return type("Drifted", (function_class,), members)
+
+
+def _as_target(target: ResolvedTarget, owner: type) -> list[ResolvedTarget]:
+    backward = vars(owner)["backward"].__func__
+    return [dataclasses.replace(target, original=backward, owner=owner, held=backward)]
+
+
+def test_the_sniff_judges_a_function_that_drifted_as_later_upstream_code_did(
+    targets, function_class, rebuilt
+):
+    """A ``forward`` / ``backward`` pair that drifted as upstream's did after 0.19.2 still
+    reads ``needed`` without the fix and fixed with it: backward runs on the ctx the
+    class's own forward builds, and the weight answers ``use_zero_copy_wgrad`` (before, the
+    stand-in ctx lacked ``input_dtype`` and the merged fix read ``incompatible``)."""
+    stock = inspect.unwrap(targets[0].original)
+    for backward, fixed in ((stock, False), (rebuilt, True)):
+        drifted = _as_target(targets[0], _drifted_class(function_class, backward))
+        result = ENTRY.sniff(drifted)
+        assert result.fixed is fixed, result.summary
+        assert result.detail["main_grad_bf16"] == {"reduce_scattered": "bfloat16"}
+
+
+def test_a_backward_that_needs_a_later_forward_is_named_on_0_19_2s_forward(targets, rebuilt):
+    """#6624's merged ``backward`` reads ``ctx.input_dtype``, which 0.19.2's ``forward``
+    never sets: the sniff fails naming it and the change that adds it (what a sync of the
+    merge commit then says), never "lacks the fix"."""
+
+    def reads_input_dtype(ctx: Any, grad_output: Any) -> Any:
+        return rebuilt(ctx, grad_output.to(ctx.input_dtype))
+
+    needs_more = [dataclasses.replace(targets[0], original=reads_input_dtype)]
+    with pytest.raises(
+        AttributeError, match=r"ctx\.input_dtype, which the installed forward never sets .*#6252"
+    ):
+        ENTRY.sniff(needs_more)
+
+
 # --- megatron's real autograd.Function on CPU ---------------------------------------------
 
 

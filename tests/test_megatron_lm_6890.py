@@ -55,6 +55,42 @@ def rebuilt_targets(targets: list[ResolvedTarget]) -> list[ResolvedTarget]:
     return [dataclasses.replace(t, original=getattr(module, t.attribute)) for t in targets]
 
 
+# --- renamed upstream (#5944) ---------------------------------------------------------------
+
+
+def _as_after_5944(rope: Any, monkeypatch: pytest.MonkeyPatch, renamed: bool) -> None:
+    """The module as main has it since #5944: the four kernels gone under their old names,
+    and (``renamed``) each defined under its new name (the very kernel: the bug kept)."""
+    for old, new in entry_module.RENAMED_IN_5944.items():
+        if renamed:
+            monkeypatch.setattr(rope, new, getattr(rope, old), raising=False)
+        monkeypatch.delattr(rope, old)
+
+
+def test_kernels_renamed_upstream_are_reported_as_renamed_never_absent(rope, monkeypatch):
+    """Before, the verdict was ``absent``, which ``audit`` reads "not needed", while the
+    renamed kernels still had the bug."""
+    from tests.deciding import probe
+
+    _as_after_5944(rope, monkeypatch, renamed=True)
+    decision = probe(ENTRY)
+    assert decision.verdict.value == "incompatible", decision.reason
+    assert "renamed upstream in #5944 (e4ba3a30f2d8)" in decision.reason
+    assert f"{rope.__name__}.rotary_fwd_q_kernel is now _mla_rope_fwd_inplace_kernel" in (
+        decision.reason
+    )
+    assert "check by hand whether the renamed code still has the bug" in decision.reason
+
+
+def test_kernels_gone_without_their_new_names_stay_absent(rope, monkeypatch):
+    from tests.deciding import probe
+
+    _as_after_5944(rope, monkeypatch, renamed=False)
+    decision = probe(ENTRY)
+    assert decision.verdict.value == "absent", decision.reason
+    assert "renamed" not in decision.reason
+
+
 # --- the rule -------------------------------------------------------------------------------
 
 

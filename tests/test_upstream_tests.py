@@ -442,3 +442,56 @@ def test_the_table_tool_reads_each_json_file_and_says_which_held_none(tmp_path: 
     assert lines[-1].startswith(
         "- upstream_tests_megatron-lm-6114.json: no result (JSONDecodeError"
     )
+
+
+# ---- a crafted clone: tree entries git never writes (issue 42) ------------------------------
+
+
+def _git(repo: Path, *args: str, stdin: str | None = None) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), *args], input=stdin, capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
+def _tree(repo: Path, entries: dict[str, tuple[str, str]]) -> str:
+    """``git mktree``, which, unlike a checkout or fsck, takes any entry name."""
+    lines = "".join(f"{mode} {kind} {sha}\t{name}\n" for name, (mode, kind, sha) in entries.items())
+    return _git(repo, "mktree", stdin=lines)
+
+
+def test_a_tree_entry_climbing_out_of_the_folder_is_refused_and_nothing_written(
+    tmp_path: Path, private_tmp: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``tests/../../../escaped.py``: written as is, it lands beside the temporary folder,
+    outside it. Refused in one line, exit 2, before anything is written."""
+    repo = tmp_path / "Megatron-LM"
+    git.Repo.init(repo)
+
+    def blob(text: str) -> tuple[str, str]:
+        return ("100644", "blob", _git(repo, "hash-object", "-w", "--stdin", stdin=text))
+
+    def tree(entries: dict[str, tuple[str, str]]) -> tuple[str, str]:
+        return ("040000", "tree", _tree(repo, entries))
+
+    climb = tree({"escaped.py": blob("open('ESCAPED', 'w')\n")})
+    for _ in range(2):
+        climb = tree({"..": climb})
+    moe = tree({"test_routers.py": blob(TEST)})
+    unit = tree({"transformer": tree({"moe": moe}), "test_utilities.py": blob(HELPER)})
+    root = _tree(repo, {"tests": tree({"unit_tests": unit, "..": climb})})
+    who = {"GIT_AUTHOR_NAME": "F", "GIT_AUTHOR_EMAIL": "f@x", "GIT_COMMITTER_NAME": "F"}
+    env = {**os.environ, **who, "GIT_COMMITTER_EMAIL": "f@x"}
+    sha = subprocess.run(
+        ["git", "-C", str(repo), "commit-tree", root, "-m", "crafted"],
+        capture_output=True, text=True, check=True, env=env,
+    ).stdout.strip()  # fmt: skip
+    assert "tests/../../../escaped.py" in _git(repo, "ls-tree", "-r", "--name-only", sha)
+
+    args = ["upstream-tests", "megatron-lm-6114", "--repo", str(repo), "--sha", sha]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'tests/../../../escaped.py'" in err, err
+    assert "crafted clone, refused (nothing written)" in err
+    assert list(private_tmp.iterdir()) == []
+    assert not [p for p in tmp_path.rglob("escaped.py")]

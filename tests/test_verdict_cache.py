@@ -99,9 +99,11 @@ def test_the_stored_verdict_decides_for_its_key(tilelang_dsa, cache):
         lambda entry: json.dumps({**entry, "key": "0" * 64, "verdict": "upstream"}),
         lambda entry: json.dumps({**entry, "verdict": "incompatible"}),
         lambda entry: json.dumps({**entry, "evidence": "upstream", "verdict": "upstream"}),
+        # Within MAX_BYTES, nested deeper than the parser recurses (RecursionError).
+        lambda entry: "[" * 200_000 + "]" * 200_000,
     ],
     ids=["not-json", "torn", "binary", "a-list", "old-format", "other-key", "bad-verdict",
-         "bad-evidence"],
+         "bad-evidence", "nested-too-deep"],
 )  # fmt: skip
 def test_a_corrupt_or_foreign_entry_is_ignored_and_replaced(tilelang_dsa, cache, probes, corrupt):
     apply(BACKPORT_ID)

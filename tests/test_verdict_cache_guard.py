@@ -92,9 +92,23 @@ def test_the_stand_in_is_keyed_and_the_key_is_stable(site):
     assert _digest() == verdict_cache._digest(key)
 
 
-def test_another_interpreter_is_probed_again(site, monkeypatch):
+def test_the_same_interpreter_by_another_name_keeps_the_key(site, monkeypatch, tmp_path):
+    """`python`, `python3`, a venv's link: one binary, one key (the name is no part of it)."""
     before = _digest()
-    monkeypatch.setattr(sys, "executable", "/opt/other/bin/python3.12")
+    alias = tmp_path / "bin" / "python"
+    alias.parent.mkdir()
+    alias.symlink_to(os.path.realpath(sys._base_executable))
+    monkeypatch.setattr(sys, "executable", str(alias))
+    monkeypatch.setattr(sys, "_base_executable", str(alias))
+    assert _digest() == before
+
+
+def test_another_interpreter_is_probed_again(site, monkeypatch, tmp_path):
+    before = _digest()
+    other = tmp_path / "python3.12"
+    shutil.copy(os.path.realpath(sys._base_executable), other)  # another binary
+    monkeypatch.setattr(sys, "executable", str(other))
+    monkeypatch.setattr(sys, "_base_executable", str(other))
     assert _digest() != before
 
 

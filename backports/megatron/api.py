@@ -172,18 +172,18 @@ def apply(
     ``upstream_only=True`` (default: ``MEGATRON_BACKPORTS_UPSTREAM_ONLY=1``) installs the
     vendored code alone, without this project's local changes; asking for the other mode
     than the installed one swaps the replacement. A backport whose sniff starts child
-    interpreters is proven here where the verdict cache has no answer (the start-up hook's
-    ``apply`` in a job's processes reads the cache only: ``apply_in_job``).
+    interpreters is proven here where the proof store has no answer, once per node
+    (``apply_in_job``: the start-up hook's ``apply`` in a job's processes).
     """
     return _apply(only, strict, upstream_only, child_sniffs=True)
 
 
 def apply_in_job(only: tuple[str, ...] | None = None, strict: bool = False) -> list[Report]:
-    """``apply`` as the start-up hook runs it in every process of a job: a sniff that starts
-    child interpreters is not run (the verdict cache answers, or the backport waits for its
-    proof, saying so once), unless the cache is off (``MEGATRON_BACKPORTS_CACHE=0``): then
-    there is no proof to wait for, and each process runs it."""
-    return _apply(only, strict, None, child_sniffs=not verdict_cache.enabled())
+    """``apply`` as the start-up hook runs it in every process of a job: the proof store
+    answers a sniff that starts child interpreters; where it has no proof, one process of
+    the node runs the sniff under a file lock in the store and the others read its proof
+    (with the store off, ``MEGATRON_BACKPORTS_CACHE=0``, each process runs it)."""
+    return _apply(only, strict, None, child_sniffs=True)
 
 
 def _apply(

@@ -200,6 +200,19 @@ class Copy:
 
 
 @dataclass(frozen=True)
+class Renamed:
+    """A target upstream renamed (``old`` -> ``new`` in the same module, by ``change``,
+    e.g. "#5944 (e4ba3a30f2d8)"). Where ``old`` is gone and ``new`` stands, the entry cannot
+    install (its replacement is for the old name, which nothing there reads) and the bug
+    may still be there: the verdict is ``incompatible``, naming the change, never
+    ``absent`` (which would read "not needed")."""
+
+    old: str
+    new: str
+    change: str
+
+
+@dataclass(frozen=True)
 class BackportSpec:
     """One backport: what it patches, where the target exists, and when to delete it.
 
@@ -227,6 +240,8 @@ class BackportSpec:
     # verdict cache, or, while it is cold, from the evidence that needs no sniff; `backports
     # status` and `check` run it (and fill the cache). A kind may require it (an import guard).
     sniff_in_child: bool = False
+    # Targets upstream renamed since the entry was written (see ``Renamed``).
+    renamed: tuple[Renamed, ...] = ()
     # First release with the bug, where it came later than the target: an older release
     # is ``absent`` (it has the target and not the bug). None: the target always had it.
     bug_since: Version | None = None

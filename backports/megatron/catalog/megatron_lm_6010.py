@@ -7,11 +7,21 @@ CP-sharded mask. With multi-token prediction (``mtp_num_layers > 0``) the langua
 then trains its MTP head on the modality placeholder positions: nothing raises, the loss is
 silently wrong (NVIDIA-NeMo/Megatron-Bridge#6103, modelscope/ms-swift#8192).
 
-Two classes in two files, three methods, applied and reverted together.
+Two classes in two files, three methods, applied and reverted together. The sniff passes
+every argument but ``self`` by name: where upstream only reordered the parameters (#6260
+moved ``LLaVAModel.forward``'s ``imgs_sizes``), the signature check refuses the vendored code
+but the decision still judges the behaviour, and a release with the fix reads ``upstream``.
+The stand-in ``self`` answers in the shapes the installed class uses: its
+``_preprocess_data`` returns as many values as the class's own (five at main's tip), and the
+recording language model is an instance of the module's ``GPTModel`` (main's tip hands the
+mask only to a ``GPTModel`` / ``HybridModel``).
 """
 
+import ast
+import inspect
+import textwrap
 from collections.abc import Sequence
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 from packaging.version import Version
 
@@ -53,13 +63,46 @@ def _what_reached(call: dict[str, Tensor], labels: Tensor, mask: Tensor) -> dict
     return {"loss_mask": mask.tolist()}
 
 
-def _llava_forward(forward: MegatronFunction) -> list[dict[str, object]]:
+def _language_model_for(module: ModuleType) -> _RecordingLanguageModel:
+    """The recording language model, as an instance of the language-model class the LLaVA
+    module builds (its ``GPTModel``), made without that class's constructor: main's tip
+    hands the loss mask only to a ``GPTModel`` / ``HybridModel``."""
+    built = vars(module).get("GPTModel")
+    if not isinstance(built, type):
+        return _RecordingLanguageModel()
+    kind = type("_RecordingGPTModel", (_RecordingLanguageModel, built), {})
+    recorder: _RecordingLanguageModel = object.__new__(kind)
+    object.__setattr__(recorder, "calls", [])  # not nn.Module's bookkeeping: never built
+    return recorder
+
+
+def _returned_count(method: object, default: int) -> int:
+    """How many values ``method`` returns, read from its source (the longest tuple it
+    returns), or ``default`` where that cannot be read: main's tip's ``_preprocess_data``
+    returns five (the combined input and position ids too), 0.19.2's three."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(method)))  # type: ignore[arg-type]
+    except (OSError, TypeError, SyntaxError):
+        return default
+    counts = [
+        len(node.value.elts)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Return) and isinstance(node.value, ast.Tuple)
+    ]
+    return max(counts, default=default)
+
+
+def _llava_forward(
+    forward: MegatronFunction, owner: object, module: ModuleType
+) -> list[dict[str, object]]:
     """``LLaVAModel.forward`` on a stand-in decoder stage: its ``_preprocess_data`` returns
-    the combined labels and mask; what reached the language model."""
+    the combined labels and mask (then ``None`` for whatever more the installed class's own
+    returns); what reached the language model."""
     import torch
 
     labels, mask, caller_mask = _masks()
-    language_model = _RecordingLanguageModel()
+    language_model = _language_model_for(module)
+    extra = _returned_count(getattr(owner, "_preprocess_data", None), 3) - 3
     model = SimpleNamespace(
         add_encoder=False,
         add_decoder=True,
@@ -68,11 +111,20 @@ def _llava_forward(forward: MegatronFunction) -> list[dict[str, object]]:
         context_parallel_lm=1,
         sequence_parallel_lm=False,
         image_token_index=-200,
-        _preprocess_data=lambda *args, **kwargs: (None, labels, mask),
+        _preprocess_data=lambda *args, **kwargs: (None, labels, mask, *[None] * extra),
         language_model=language_model,
     )
     ids = torch.tensor([[1, 2, 3]])
-    _, returned = forward(model, None, ids, None, None, labels=ids, loss_mask=caller_mask)
+    # By name: upstream reordered the later parameters since (#6260), not their meaning.
+    _, returned = forward(
+        model,
+        images=None,
+        input_ids=ids,
+        position_ids=None,
+        attention_mask=None,
+        labels=ids,
+        loss_mask=caller_mask,
+    )
     if returned is not mask:
         raise SniffFailed(f"LLaVAModel.forward returned loss mask {returned!r}, not {mask}")
     return [_what_reached(call, labels, mask) for call in language_model.calls]
@@ -116,7 +168,17 @@ def _mimo_calls(method: MegatronFunction, first_stage: bool | None) -> list[dict
             is_first_stage=lambda name: first_stage, is_last_stage=lambda name: True
         )
     ids = torch.tensor([[1, 2, 3]])
-    method(model, ids, None, None, caller_mask, ids, None)
+    # By name, as the LLaVA call: only the sixth parameter's name differs between the two.
+    inputs = {"modality_inputs": None} if first_stage is None else {"input_tensors": None}
+    method(
+        model,
+        input_ids=ids,
+        position_ids=None,
+        attention_mask=None,
+        loss_mask=caller_mask,
+        labels=ids,
+        **inputs,
+    )
     return [_what_reached(call, sharded[0], mask) for call in language_model.calls]
 
 
@@ -124,7 +186,7 @@ def _observe(targets: Sequence[ResolvedTarget]) -> dict[str, list[dict[str, obje
     """Each language-model call of the three methods, by where it is made."""
     llava, all_modules, language_module = (_body(target) for target in targets)
     seen = {
-        "LLaVAModel.forward": _llava_forward(llava),
+        "LLaVAModel.forward": _llava_forward(llava, targets[0].owner, targets[0].module),
         "MimoModel._forward_all_modules": _mimo_calls(all_modules, None),
         "MimoModel._forward_language_module (first stage)": _mimo_calls(language_module, True),
         "MimoModel._forward_language_module (later stage)": _mimo_calls(language_module, False),
@@ -136,8 +198,6 @@ def _observe(targets: Sequence[ResolvedTarget]) -> dict[str, list[dict[str, obje
 
 
 def _body(target: ResolvedTarget) -> MegatronFunction:
-    import inspect
-
     return inspect.unwrap(target.original)  # type: ignore[no-any-return]
 
 

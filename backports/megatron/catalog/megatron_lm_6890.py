@@ -30,7 +30,7 @@ from typing import TypedDict
 from packaging.version import Version
 
 from ..kinds.module_attribute import ModuleAttribute
-from ..model import VENDOR_PACKAGE, BackportSpec, ResolvedTarget, SniffFailed, SniffResult
+from ..model import VENDOR_PACKAGE, BackportSpec, Renamed, ResolvedTarget, SniffFailed, SniffResult
 
 _MODULE = "megatron.core.fusions.fused_mla_yarn_rope_apply"
 KERNELS = (
@@ -39,6 +39,17 @@ KERNELS = (
     "rotary_fwd_kv_kernel",
     "rotary_bwd_kv_kernel",
 )
+# Upstream's main renamed the four kernels in #5944 (and changed their parameters): there
+# the old names are gone, the bug is not (the renamed kernels still mask a block-local
+# offset against the head count at d98e8a64dd), and this entry, which replaces the old
+# names, cannot install. The verdict says so ("renamed upstream in #5944: check by hand").
+RENAMED_IN_5944 = {
+    "rotary_fwd_q_kernel": "_mla_rope_fwd_inplace_kernel",
+    "rotary_bwd_q_kernel": "_mla_rope_bwd_inplace_kernel",
+    "rotary_fwd_kv_kernel": "_mla_rope_fwd_kv_split_kernel",
+    "rotary_bwd_kv_kernel": "_mla_rope_bwd_kv_split_kernel",
+}
+_CHANGE_5944 = "#5944 (e4ba3a30f2d8)"
 _VENDORED = f"{VENDOR_PACKAGE}.megatron_lm_6890.fused_mla_yarn_rope_apply"
 _CHILD = Path(__file__).with_name("_rope_kernels_child.py")
 _CHILD_TIMEOUT_S = 600
@@ -201,4 +212,5 @@ SPEC = BackportSpec(
     sniff=_sniff,
     # A child interpreter runs the kernels (~15 s): a job decides from the verdict cache.
     sniff_in_child=True,
+    renamed=tuple(Renamed(old, new, _CHANGE_5944) for old, new in RENAMED_IN_5944.items()),
 )

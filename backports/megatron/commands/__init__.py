@@ -35,6 +35,10 @@ COMMANDS: dict[str, CommandInfo] = {
     "sync": CommandInfo(
         "sync", "refresh vendor/<id>/ from an upstream commit, or check it for drift"
     ),
+    "candidates": CommandInfo(
+        "candidates",
+        "upstream fixes since the installed release: which are missing, who carries them",
+    ),
     "upstream-tests": CommandInfo(
         "upstream_tests", "run upstream's own tests of a fix, stock and with the backport"
     ),

@@ -9,6 +9,7 @@ install at a target's import, ``status``, ``check``, ``audit``'s child, the comm
 """
 
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -28,6 +29,8 @@ from .judging import (
     behaviour_reasons,
     git_evidence,
     one_line,
+    renamed_reason,
+    reordered_only,
     unproven_reason,
     vendored_behaviour,
 )
@@ -106,8 +109,9 @@ def decide(
 
     ``importing``: import the targets' modules to judge them (else a target not imported
     yet leaves the verdict None: it is decided at its import). ``child_sniffs``: run a sniff
-    that starts child interpreters (seconds) when the verdict cache has no answer; without,
-    such a backport is decided on the evidence that needs no sniff, and the reason says so.
+    that starts child interpreters (seconds) when the proof store has no answer (once per
+    node: see ``_proved_once``); without (the manifest, which starts no child), such a
+    backport is decided on the evidence that needs no sniff, and the reason says so.
     ``plugin``: (distribution, entry-point module) of a plugin's entry, for the cache's key.
     Never raises but for a KeyboardInterrupt: a failure is an ``incompatible`` verdict.
     """
@@ -213,21 +217,44 @@ def _judge_targets(
     if located is None:
         return Decision(spec, mode, None, _waiting_reason(spec, kinds, early.version), evidence)
     if isinstance(located, str):
+        renamed = renamed_reason(spec, early.version)
+        if renamed is not None:
+            return Decision(spec, mode, Verdict.INCOMPATIBLE, renamed, evidence)
         return Decision(spec, mode, Verdict.ABSENT, located, evidence)
     targets = located
     _target_evidence(spec, kinds, targets, evidence)
     refusal = _refusal(spec, kinds, targets, evidence["upstream"]["reads"])
     if refusal is not None:
-        return Decision(spec, mode, Verdict.INCOMPATIBLE, refusal, evidence, targets)
+        return _refused(spec, mode, early, kinds, targets, refusal)
     in_child = spec.sniff_in_child or any(kind.sniff_in_child for kind in kinds)
     key = _cache_key(spec, kinds, targets, early, in_child, plugin) if _caching() else None
     decision = _from_cache(spec, mode, key, evidence, targets)
     if decision is None and in_child and not child_sniffs:
         decision = _unsniffed(spec, mode, early, targets)
+    if decision is None and in_child and key is not None:
+        decision = _proved_once(spec, mode, key, early, targets)
     if decision is None:
         decision = _sniffed(spec, mode, early, targets, in_child)
         _keep(spec, key, decision)
     return _with_brought_in(_with_existing(decision, kinds), unloaded)
+
+
+def _proved_once(
+    spec: BackportSpec,
+    mode: str,
+    key: dict[str, object],
+    early: Early,
+    targets: tuple[Resolved, ...],
+) -> Decision:
+    """A sniff in child interpreters (seconds) where the proof store has no proof: proved by
+    one process of the node while the others wait for it (``verdict_cache.proving``), then
+    read from the store by each of them."""
+    with verdict_cache.proving(spec):
+        decision = _from_cache(spec, mode, key, early.evidence, targets)
+        if decision is None:
+            decision = _sniffed(spec, mode, early, targets, True)
+            _keep(spec, key, decision)
+    return decision
 
 
 def cache_key(
@@ -254,7 +281,9 @@ def _child_path_key(spec: BackportSpec) -> list[str]:
     """The folders of the children's path that offer what they import, for the cache key:
     ``backports apply`` and a job started from a folder of its own scripts share a proof."""
     tops = {module.partition(".")[0] for target in spec.targets for module in target.modules}
-    return offering_imports(children.child_path(), tops.union(_CHILD_IMPORTS))
+    offering = offering_imports(children.child_path(), tops.union(_CHILD_IMPORTS))
+    # Resolved: a venv reached through a link to its folder offers the same files.
+    return list(dict.fromkeys(os.path.realpath(folder) for folder in offering))
 
 
 def _locate(
@@ -370,6 +399,38 @@ def _refusal(
     return None
 
 
+def _refused(
+    spec: BackportSpec,
+    mode: str,
+    early: Early,
+    kinds: Sequence[Kind],
+    targets: tuple[Resolved, ...],
+    refusal: str,
+) -> Decision:
+    """A target the vendored code must not replace as it stands (``incompatible``). Where
+    upstream only reordered a target's parameters (``reordered_only``), the behaviour is
+    judged all the same: a release that has the fix reads ``upstream`` (nothing is
+    installed then), one without it keeps the refusal. A sniff that starts children is not
+    run for that."""
+    evidence = early.evidence
+    in_child = spec.sniff_in_child or any(kind.sniff_in_child for kind in kinds)
+    reads = evidence["upstream"]["reads"]
+    if in_child or not reordered_only(spec, kinds, targets, reads):
+        return Decision(spec, mode, Verdict.INCOMPATIBLE, refusal, evidence, targets)
+    stock = [
+        kind_of(target).stock(target, resolved)
+        for target, resolved in zip(spec.targets, targets, strict=True)
+    ]
+    (outcome,) = run_sniffs(spec, [stock], in_child=False)
+    if not isinstance(outcome, SniffResult) or not outcome.fixed:
+        return Decision(spec, mode, Verdict.INCOMPATIBLE, refusal, evidence, targets)
+    evidence["git"] = git_evidence(spec, evidence)
+    landed, _ = behaviour_reasons(spec, outcome, evidence, early.version)
+    evidence["signature_drift"] = refusal
+    reason = f"{landed} (judged by behaviour: upstream reordered parameters since: {refusal})"
+    return Decision(spec, mode, Verdict.UPSTREAM, reason, evidence, targets)
+
+
 def _caching() -> bool:
     return verdict_cache.enabled()
 
@@ -450,17 +511,16 @@ def _replacements(
 def _unsniffed(
     spec: BackportSpec, mode: str, early: Early, targets: tuple[Resolved, ...]
 ) -> Decision:
-    """A backport whose sniff starts child interpreters, decided in a job's process where
-    the verdict cache has no answer: needed by the evidence that needs no sniff (no release
-    says it landed), but nothing shows its replacement carries the fix here, so it is not
-    installed. ``backports apply`` (or ``status``) runs the sniff once and keeps the proof
-    for every process of the environment."""
+    """A backport whose sniff starts child interpreters, asked of a caller that starts none
+    (the manifest) where the proof store has no answer: needed by the evidence that needs no
+    sniff (no release says it landed), but nothing shows its replacement carries the fix
+    here, so it is not installed. A job's process proves it itself (``_proved_once``)."""
     evidence = early.evidence
     evidence["behaviour"] = {"sniffed": False}
     reason = (
         f"{early.version}: not proven in this environment yet (its sniff starts child "
-        "interpreters, which a job's process does not): run `backports apply` or `backports "
-        "status` once; they keep the proof for every process"
+        "interpreters, which this caller does not): `backports apply` or `backports "
+        "status` prove it and keep the proof for every process"
     )
     return Decision(spec, mode, Verdict.NEEDED, reason, evidence, targets, proven=False)
 

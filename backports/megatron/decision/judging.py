@@ -6,13 +6,18 @@ reason. A ``needed`` verdict also needs the replacement shown to carry the fix: 
 the vendored code, upstream-only and (in the default mode) with the local changes.
 """
 
+import inspect
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from packaging.version import Version
 
 from ..evidence.git_ancestry import commit_ancestry
-from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec, SniffResult
+from ..kinds import Kind, Resolved
+from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec, SniffResult, Target
 
 
 def one_line(exc: BaseException) -> str:
@@ -112,3 +117,71 @@ def unproven_reason(folder: str, alone: SniffResult, composed: SniffResult | Non
     if composed is not None and not composed.fixed:
         return f"{folder} with the local changes does not show the fix: {composed.summary}"
     return None
+
+
+def _parameters(resolved: Resolved) -> tuple[str, ...] | None:
+    """The parameter names of a function target's undecorated body (None: not a function)."""
+    body = getattr(resolved, "body", None)
+    if not callable(body):
+        return None
+    try:
+        return tuple(inspect.signature(body).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def reordered_only(
+    spec: BackportSpec, kinds: Sequence[Kind], targets: Sequence[Resolved], reads: list[str]
+) -> bool:
+    """Whether every refusal of the targets is that upstream reordered a target's
+    parameters: the same names, the first (``self``) first, and nothing else refused once
+    the installed order is taken. Such a target cannot take the vendored code (a caller
+    passing arguments by position would hand them to the wrong parameters), yet a sniff
+    that passes them by name still tells whether the release has the fix. ``reads``
+    concern the first target, as in the decision's own refusal."""
+    reordered = False
+    for index, (target, kind, resolved) in enumerate(
+        zip(spec.targets, kinds, targets, strict=True)
+    ):
+        actual = _parameters(resolved)
+        expected = getattr(target, "parameters", ())
+        if actual is not None and expected and actual != expected:
+            if sorted(actual) != sorted(expected) or actual[:1] != expected[:1]:
+                return False
+            target = replace(target, parameters=actual)
+            reordered = True
+        if kind.refusal(target, resolved, reads if index == 0 else []) is not None:
+            return False
+    return reordered
+
+
+def _defining(target: Target, name: str) -> str | None:
+    """The first of the target's modules, as imported here, that defines ``name``."""
+    for module_name in target.modules:
+        module = sys.modules.get(module_name)
+        if module is not None and name in vars(module):
+            return module_name
+    return None
+
+
+def renamed_reason(spec: BackportSpec, version: str) -> str | None:
+    """Why a target that is missing was renamed upstream (``spec.renamed``: the old name
+    gone, the new one defined in the target's module), or None: the entry cannot install
+    there and the renamed code may still have the bug, so it is never "not needed"."""
+    by_name = {target.attribute: target for target in spec.targets}
+    found = [
+        (rename, module)
+        for rename in spec.renamed
+        if rename.old in by_name
+        and _defining(by_name[rename.old], rename.old) is None
+        and (module := _defining(by_name[rename.old], rename.new)) is not None
+    ]
+    if not found:
+        return None
+    changes = " and ".join(dict.fromkeys(rename.change for rename, _ in found))
+    names = ", ".join(f"{module}.{r.old} is now {r.new}" for r, module in found)
+    return (
+        f"{version}: renamed upstream in {changes} ({names}): this backport replaces the old "
+        "names, which nothing there reads; check by hand whether the renamed code still has "
+        "the bug, and update or delete the backport"
+    )

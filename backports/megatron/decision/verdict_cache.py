@@ -1,11 +1,15 @@
-"""The probe's verdict, kept per environment, so that worker processes reuse it.
+"""The proof store: the probe's verdict, kept per environment, so that worker processes reuse it.
 
 Every process that imports megatron's target probes it (signature, helpers, the behaviour
 sniff). In a job of many ranks and workers that is the same question asked again of the
 same files. The first process to prove a verdict writes it here; a later one reuses it
-only if everything that decided it is unchanged. The key covers:
+only if everything that decided it is unchanged. The key (``key``, the one function that
+computes it) covers what decides the answer and nothing else:
 
-- Python (interpreter, version, bytecode tag) and the torch version the sniff ran on;
+- Python: the real interpreter binary (links and a venv's ``bin/python`` resolved: the
+  name a job was started by, ``python``, ``python3``, ``-m``, torchrun, a second venv over
+  the same packages, is no part of it), its version and bytecode tag; and the torch version
+  the sniff ran on;
 - this package: the size and mtime of each of its files (so its version, the catalog, the
   probe, the sniffs), and the sha256 of every file of the entry's vendored folder;
 - a plugin's entry (not a builtin's): its distribution (name, version, RECORD's sha256) and
@@ -14,7 +18,9 @@ only if everything that decided it is unchanged. The key covers:
 - the entry: its id, and per target what its kind fingerprints (``Kind.fingerprint``): for
   a function the defining module's file, the code object as loaded and the distribution's
   RECORD; for an import guard the module's file and everything an import can reach on the
-  path the sniff's children search (which is keyed too: ``child_path``).
+  path the sniff's children search (which is keyed too: ``child_path``, only the folders
+  that offer what a child imports: a job's script folder or a site dir it adds for the
+  hook's ``.pth`` file is not part of it).
 
 Any difference, an unreadable or corrupt cache file, or a target that is not loaded, not
 the module's own function, or not a file of the installed distribution (a source checkout
@@ -25,19 +31,27 @@ passing, and cheap verdicts need no cache. A ``needed`` verdict is reused only i
 evidence shows the vendored replacement sniffed fixed in the mode asked for and upstream-only
 alone (``vendored_behaviour``, see probe): one proved in the other mode is probed again.
 
-Where: ``MEGATRON_BACKPORTS_CACHE_DIR`` if set, else ``<sys.prefix>/var/cache/
-megatron-backports`` (the venv's own), else, where that cannot be written, the user cache
-dir (``$XDG_CACHE_HOME`` if absolute, as XDG says, or ``~/.cache``) under a folder per
-environment. Reads look in the one folder writes go to (the first that works), never in a
-later one. ``MEGATRON_BACKPORTS_CACHE=0`` turns the cache off (read and write). Files are
+Where: ``MEGATRON_BACKPORTS_CACHE_DIR`` if set, else ``<prefix>/var/cache/
+megatron-backports``, where prefix is the environment megatron-backports is installed in
+(``environment_prefix``: a second venv over the first's packages finds the first's store),
+else, where that cannot be written, the user cache dir (``$XDG_CACHE_HOME`` if absolute, as
+XDG says, or ``~/.cache``) under a folder per environment. Reads look in the first folder
+that exists (read-only is enough: an image, Apptainer, a shared venv), and where that one
+cannot be written, also in the folder this user's writes go to; never in a folder after
+those. ``MEGATRON_BACKPORTS_CACHE=0`` turns the store off (read and write). Files are
 written whole (a temporary file renamed into place), one per backport id and environment.
 
-A verdict decides whether a fix runs, so the cache is trusted as pip and git trust theirs:
+A verdict decides whether a fix runs, so the store is trusted as pip and git trust theirs:
 a folder or file owned by another user, or writable by every user, is refused (said once,
-in one line), and only a regular file of at most ``MAX_BYTES`` is read (a FIFO or a link to
-``/dev/zero`` at its path must not hang or exhaust every process that imports megatron).
+in one line). One exception serves an image built as root and run as another user, or a
+venv shared by its admin: a folder or file inside the environment (``sys.prefix``, or the
+prefix above) owned by root or by the owner of the environment's code, writable by neither
+group nor others. Only a regular file of at most ``MAX_BYTES`` is read
+(a FIFO or a link to ``/dev/zero`` at its path must not hang or exhaust every process that
+imports megatron); a file that is not the JSON of an entry is as if absent.
 """
 
+import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -46,27 +60,35 @@ import os
 import stat
 import sys
 import tempfile
+import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from .. import switches
 from ..errors import BackportWarning
-from ..evidence.fingerprints import our_code, sha256_file
+from ..evidence.fingerprints import interpreter, our_code, sha256_file
 from ..evidence.one_look import remembered
 from ..evidence.versions import installed_distribution
 from ..interpreter import once_per_job
 from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec
 
-CACHE = "MEGATRON_BACKPORTS_CACHE"  # off: never read or write the cache
-CACHE_DIR = "MEGATRON_BACKPORTS_CACHE_DIR"  # where the cache lives (default: see above)
+try:
+    import fcntl
+except ImportError:  # Windows: each process proves for itself
+    fcntl = None  # type: ignore[assignment]
+
+CACHE = "MEGATRON_BACKPORTS_CACHE"  # off: never read or write the proof store
+CACHE_DIR = "MEGATRON_BACKPORTS_CACHE_DIR"  # where the store lives (default: see above)
 # Bump when the file layout or the key's meaning changes. 2: a ``needed`` verdict carries
 # the sniff on the vendored replacement (files of 1 were proved without it). 3: one key for
 # every kind (each target's kind fingerprints it), one file per backport and environment.
-FORMAT = 3
+# 4: the real interpreter, not the name it was started by; files named per environment.
+FORMAT = 4
 KEPT = ("needed", "upstream")
 MAX_BYTES = 1 << 20  # an entry is a few kB; anything larger is not one of ours
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 _LOG = logging.getLogger(__name__)
 
@@ -83,11 +105,30 @@ def locations() -> list[Path]:
     base = os.environ.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(base):  # XDG: a relative path is invalid and is ignored
         base = str(Path.home() / ".cache")
-    per_environment = hashlib.sha256(sys.prefix.encode()).hexdigest()[:16]
+    prefix = environment_prefix()
+    per_environment = hashlib.sha256(str(prefix).encode()).hexdigest()[:16]
     return [
-        Path(sys.prefix) / "var" / "cache" / "megatron-backports",
+        prefix / "var" / "cache" / "megatron-backports",
         Path(base) / "megatron-backports" / per_environment,
     ]
+
+
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]  # backports/megatron
+
+
+def environment_prefix() -> Path:
+    """The environment megatron-backports is installed in: the prefix of the site-packages
+    that holds this package where that is an environment (a venv's ``pyvenv.cfg`` is there,
+    or it is this interpreter's own prefix), else ``sys.prefix`` (a source checkout). A job
+    in a second venv whose path reaches the first venv's packages is served by the store
+    ``backports apply`` filled in the first."""
+    site_packages = _PACKAGE_DIR.parents[1]
+    prefix = site_packages.parents[2] if len(site_packages.parents) > 2 else site_packages
+    if site_packages.name == "site-packages" and site_packages.parent.name.startswith("python"):
+        known = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
+        if (prefix / "pyvenv.cfg").is_file() or os.path.realpath(prefix) in known:
+            return prefix
+    return Path(sys.prefix)
 
 
 # ---- the key -------------------------------------------------------------------------------
@@ -123,15 +164,18 @@ def key(
     child_path: Sequence[str] | None,
     plugin: tuple[str, str] | None,
 ) -> dict[str, object] | None:
-    """Everything that decides ``spec``'s verdict here, or None when a target cannot be
-    keyed (its kind's fingerprint is None: the probe then runs). ``child_path``: the path
-    the sniff's child interpreters search (None: the sniff runs in this process)."""
+    """The proof's key: everything that decides ``spec``'s verdict here, and nothing that
+    does not (the module docstring lists it). None when a target cannot be keyed (its kind's
+    fingerprint is None: the probe then runs). ``child_path``: the folders of the path the
+    sniff's child interpreters search that offer what they import (None: the sniff runs in
+    this process). ``backports apply`` and every way of starting a job in the same
+    environment compute the same key (tests/test_proof_key.py)."""
     if any(target is None for target in targets):
         return None
     found: dict[str, object] = {
         "format": FORMAT,
         "id": spec.id,
-        "python": [sys.executable, sys.version, sys.implementation.cache_tag],
+        "python": interpreter(),
         "torch": _torch_version(),
         "megatron_backports": our_code(),
         "vendored_sha256": vendored_sha256,
@@ -167,25 +211,53 @@ def _digest(key: dict[str, object]) -> str:
 
 
 def file_name(spec: BackportSpec) -> str:
-    """One file per backport and environment: two environments sharing one cache folder
-    (``MEGATRON_BACKPORTS_CACHE_DIR``) keep their verdicts side by side."""
-    environment = hashlib.sha256(f"{sys.prefix}\0{sys.executable}".encode()).hexdigest()[:12]
-    return f"{spec.id}.{environment}.json"
+    """One file per backport and environment: two environments sharing one store folder
+    (``MEGATRON_BACKPORTS_CACHE_DIR``) keep their verdicts side by side. Named by the
+    environment and the real interpreter, never by the name a process was started by."""
+    real, _, tag = interpreter()
+    named = f"{environment_prefix()}\0{real}\0{tag}"
+    return f"{spec.id}.{hashlib.sha256(named.encode()).hexdigest()[:12]}.json"
 
 
 def _untrusted(path: Path | str, status: os.stat_result) -> str | None:
-    """Why another user could have written ``path``, or None."""
+    """Why another user could have written ``path``, or None. Ours, not writable by every
+    user; or, inside the environment, owned by whoever owns the environment's code (root in
+    an image, the admin of a shared venv: the job runs their code already) and writable by
+    neither group nor others (what ``backports apply`` leaves where jobs run as another user)."""
     me = os.geteuid()
-    if status.st_uid != me:
-        return f"{path} is owned by uid {status.st_uid}, not by this user (uid {me})"
-    if status.st_mode & stat.S_IWOTH:
-        return f"{path} is writable by every user"
-    return None
+    if status.st_uid == me:
+        if status.st_mode & stat.S_IWOTH:
+            return f"{path} is writable by every user"
+        return None
+    if status.st_uid in _environment_owners() and _inside_the_environment(path):
+        if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return f"{path} is owned by uid {status.st_uid} and writable by other users"
+        return None
+    return f"{path} is owned by uid {status.st_uid}, not by this user (uid {me})"
+
+
+def _environment_owners() -> set[int]:
+    """root, and the owners of the environment and of this package's installed files."""
+    owners = {0}
+    for folder in (sys.prefix, environment_prefix(), _PACKAGE_DIR):
+        try:
+            owners.add(os.stat(folder).st_uid)
+        except OSError:
+            continue
+    return owners
+
+
+def _inside_the_environment(path: Path | str) -> bool:
+    real = Path(os.path.realpath(path))
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, environment_prefix())}
+    return any(real.is_relative_to(prefix) for prefix in prefixes)
 
 
 def _refuse(why: str) -> None:
     """Say once per job (and log every time) why a cache folder or file is not used."""
-    message = f"megatron-backports: not using the verdict cache: {why}; probing instead"
+    message = (
+        f"megatron-backports: not using the proof store (verdict cache): {why}; probing instead"
+    )
     _LOG.debug(message)
     if once_per_job.claim(f"cache-refused:{why}"):
         warnings.warn(message, BackportWarning, stacklevel=2)
@@ -199,25 +271,53 @@ def _creatable(folder: Path) -> bool:
     return parent.is_dir() and os.access(parent, os.W_OK | os.X_OK)
 
 
-def _home() -> Path | None:
-    """The folder the cache is read from: the first location that works, which is where
-    ``store`` writes. A later location is a fallback for writing, never read beside it."""
+def _usable(folder: Path) -> bool | None:
+    """Whether ``folder`` is a store folder to read: True (readable, trusted), False (there
+    but not to be used), None (not there)."""
+    try:
+        status = os.stat(folder)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return False
+    if not stat.S_ISDIR(status.st_mode) or not os.access(folder, os.R_OK | os.X_OK):
+        return False
+    why = _untrusted(folder, status)
+    if why is not None:
+        _refuse(why)
+        return False
+    return True
+
+
+def _writable(folder: Path) -> bool:
+    if folder.exists():
+        return os.access(folder, os.W_OK | os.X_OK)
+    return _creatable(folder)
+
+
+def read_folders() -> list[Path]:
+    """The folders a proof is read from, in order: the first location that exists and may
+    be read (read-only is enough: a read-only image, Apptainer, a shared venv), and, where
+    that one cannot be written, also the one this user's proofs are written to (``store``
+    writes to the first location it can). A missing first location that could be made:
+    nothing to read there yet, and nothing read after it."""
+    found: list[Path] = []
     for folder in locations():
-        try:
-            status = os.stat(folder)
-        except FileNotFoundError:
-            if _creatable(folder):
-                return None  # the first write makes it: nothing to read anywhere yet
-            continue
-        except OSError:
-            continue
-        if not stat.S_ISDIR(status.st_mode) or not os.access(folder, os.W_OK | os.X_OK):
-            continue
-        why = _untrusted(folder, status)
-        if why is not None:
-            _refuse(why)
-            continue
-        return folder
+        usable = _usable(folder)
+        if usable is None and not found and _creatable(folder):
+            return found  # the first write makes it: nothing to read anywhere yet
+        if usable:
+            found.append(folder)
+        if (usable or usable is None) and _writable(folder):
+            break  # writes go here: no folder after it is read
+    return found
+
+
+def write_folder() -> Path | None:
+    """The folder ``store`` writes to: the first location that can be written."""
+    for folder in locations():
+        if _writable(folder) and _usable(folder) is not False:
+            return folder
     return None
 
 
@@ -226,7 +326,7 @@ def _read_entry(path: Path) -> object:
 
     Opened without blocking and without following a link: a FIFO or a device must never
     stall the import of megatron."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | _CLOEXEC
     fd = os.open(path, flags)
     try:
         status = os.fstat(fd)
@@ -263,22 +363,27 @@ def load(
     """
     if upstream_only is None:
         upstream_only = switches.upstream_only()
-    folder = _home()
-    if folder is None:
-        return None
-    path = folder / file_name(spec)
+    digest = _digest(key)
+    for folder in read_folders():
+        path = folder / file_name(spec)
+        entry = _entry_at(path)
+        if not (_valid(entry) and isinstance(entry, dict)):
+            continue
+        if entry["key"] == digest and _proves(entry, upstream_only):
+            return {k: entry[k] for k in ("verdict", "reason", "evidence")}, path
+    return None
+
+
+def _entry_at(path: Path) -> object:
+    """The JSON at ``path``; None where there is none, or none to trust (unreadable,
+    corrupt, nested too deep for the parser, refused): as if absent."""
     try:
-        entry = _read_entry(path)
+        return _read_entry(path)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:  # unreadable, corrupt or refused: as if absent
-        _LOG.debug("ignoring the verdict cache %s: %r", path, exc)
+    except (OSError, ValueError, RecursionError) as exc:
+        _LOG.debug("ignoring the proof store's file %s: %r", path, exc)
         return None
-    if not (_valid(entry) and isinstance(entry, dict)):
-        return None
-    if entry["key"] == _digest(key) and _proves(entry, upstream_only):
-        return {k: entry[k] for k in ("verdict", "reason", "evidence")}, path
-    return None
 
 
 def _valid(entry: object) -> bool:
@@ -320,11 +425,58 @@ def store(
     }
     text = json.dumps(entry, indent=1, sort_keys=True, default=str)
     for folder in locations():
+        if not _writable(folder):  # a read-only store (an image): read, never written
+            continue
         try:
             return _write_atomically(folder, file_name(spec), text)
         except (OSError, ValueError) as exc:
             _LOG.debug("cannot write the verdict cache in %s: %r", folder, exc)
     return None
+
+
+# How long a process waits for another one proving the same entry (its children's time
+# limits end a sniff long before): then it proves for itself.
+LOCK_WAIT_SECONDS = 900.0
+
+
+@contextlib.contextmanager
+def proving(spec: BackportSpec) -> Iterator[bool]:
+    """Held while this process proves ``spec`` where no proof exists, so that the ranks of a
+    node that start together prove it once: the first takes the lock, the others wait for
+    it and then find its proof (the caller looks again inside). A file lock (``flock``) in
+    the folder proofs are written to, released by the kernel if its holder dies; yields
+    whether it is held (False: no folder to lock in, no ``flock``, or the wait ran out: the
+    caller proves without it)."""
+    folder = write_folder()
+    if folder is None or fcntl is None:
+        yield False
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / f".{file_name(spec)}.lock", os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o644)
+    except OSError as exc:
+        _LOG.debug("no lock for %s in %s: %r", spec.id, folder, exc)
+        yield False
+        return
+    try:
+        yield _lock(fd)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _lock(fd: int) -> bool:
+    assert fcntl is not None
+    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        except OSError:  # a file system without locks
+            return False
 
 
 def _write_atomically(folder: Path, name: str, text: str) -> Path:
@@ -336,6 +488,9 @@ def _write_atomically(folder: Path, name: str, text: str) -> Path:
         raise ValueError(why)
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     try:
+        # Readable by the jobs of every user (mkstemp makes it 0600: a store written as
+        # root in an image would serve no one else), writable by its owner alone.
+        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(tmp, folder / name)

@@ -27,6 +27,15 @@ _INSTALLED_SUFFIXES = (".egg-link", ".egg")  # older installs: a link or an arch
 _METADATA = ("RECORD", "METADATA", "PKG-INFO")
 
 
+def interpreter() -> list[str]:
+    """The interpreter a proof holds for: the real binary (links resolved, and a venv's
+    ``bin/python`` followed to the base interpreter it runs), the full version and the
+    bytecode tag. Never the name it was started by: ``python``, ``python3``, ``python3.12``,
+    a venv's link or a second venv over the same packages run the same code."""
+    started = getattr(sys, "_base_executable", None) or sys.executable
+    return [os.path.realpath(started), sys.version, sys.implementation.cache_tag]
+
+
 def sha256_file(path: Path | str) -> str:
     with open(path, "rb") as handle:
         return hashlib.sha256(handle.read()).hexdigest()
@@ -87,7 +96,8 @@ def installed_file(name: str, module: str, source: object) -> dict[str, Any] | N
     if distribution is None:
         return None
     return {
-        "file": str(source),
+        # Resolved: a venv reached through a link to its folder is the same install.
+        "file": os.path.realpath(source),
         "file_sha256": sha256_file(str(source)),
         "distribution": distribution,
     }
@@ -237,7 +247,8 @@ def _offered(folder: str) -> frozenset[str]:
 def _read_import_environment() -> str:
     digest = hashlib.sha256()
     for folder in offering_imports(sys.path, ()):  # where each folder is, and their order
-        digest.update(json.dumps([folder, _folder_contents(folder)]).encode() + b"\n")
+        where = os.path.realpath(folder)  # the same folder, through a link or not
+        digest.update(json.dumps([where, _folder_contents(folder)]).encode() + b"\n")
     return digest.hexdigest()
 
 

@@ -191,16 +191,23 @@ def _target_package(own: list[str], modules: Sequence[str]) -> str | None:
     return own[0] if own and not modules else None
 
 
+# megatron's package_info.py is about 1 kB; parsing costs about 60 times a file's size.
+_MAX_PACKAGE_INFO_BYTES = 64 * 1024
+
+
 def _version_from_package_info(package_dir: Path) -> Version | None:
     """Read MAJOR/MINOR/PATCH/PRE_RELEASE from package_info.py without executing it.
 
     megatron's own ``__version__`` appends ``+<sha>`` of whatever git work tree the package
     sits in (even a user's project), so it is no evidence of which commit it is.
     """
+    path = package_dir / "package_info.py"
     try:
-        tree = ast.parse((package_dir / "package_info.py").read_text(encoding="utf-8"))
-    except (OSError, SyntaxError):
-        return None
+        if path.stat().st_size > _MAX_PACKAGE_INFO_BYTES:  # not megatron's: no evidence
+            return None
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, RecursionError, MemoryError):
+        return None  # unreadable, or too deeply nested to parse: no evidence either
     parts: dict[str, object] = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):

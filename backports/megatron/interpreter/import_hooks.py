@@ -9,6 +9,9 @@ hooks do), through one finder in ``sys.meta_path`` for every hook of the process
 - ``register_around``: the module executes inside ``around(module)``, a context manager
   (an import guard: a fix to module-level code must be in place before that code runs).
   What it raises is the execution's own failure: the import fails, as any would.
+- ``after_package_import``: a callback put off until the import of the module's package
+  that is still in progress on this thread has finished (a backport decided there would
+  meet the package's partially initialised modules: a circular import).
 
 Standard library only, and nothing is imported or scanned until a watched module is
 imported: the start-up trigger loads this module at megatron's first lookup.
@@ -115,14 +118,91 @@ def _hooks[H: (Callback, Around)](table: dict[str, dict[str, H]], module_name: s
 
 def _notify(module: ModuleType) -> None:
     for callback in _hooks(_CALLBACKS, module.__name__):
-        try:
-            callback(module)
-        except Exception as exc:
-            # A backport must never break the import it watches, unless it asks to
-            # (strict mode raises an error marked with `fatal_on_import`).
-            if getattr(exc, "fatal_on_import", False):
-                raise
-            _LOG.error("post-import hook for %s failed: %r", module.__name__, exc)
+        _call(callback, module)
+
+
+# ---- after the package's import ------------------------------------------------------------
+
+_MONITORING_TOOLS = (4, 3)  # ids free of the debugger (0), coverage (1), profilers (2, 5)
+_TOOL: list[int] = []  # the id this process holds, once taken
+_AFTER: dict[Any, list[tuple[Callback, ModuleType]]] = {}  # module code -> waiting callbacks
+
+
+def after_package_import(module: ModuleType, callback: Callback) -> bool:
+    """Call ``callback(module)`` as soon as the outermost module of ``module``'s top-level
+    package whose import is in progress on this thread (``import megatron.core`` importing
+    ``tensor_parallel.layers`` through a chain of its modules) has executed: its body has run,
+    every module it imported is whole. Whether it was put off: False when no such import is
+    in progress (call it now) or ``sys.monitoring`` has no tool id free."""
+    code = _outermost_in_progress(module)
+    if code is None or not _monitoring():
+        return False
+    with _LOCK:
+        _AFTER.setdefault(code, []).append((callback, module))
+    sys.monitoring.set_local_events(_TOOL[0], code, sys.monitoring.events.PY_RETURN)
+    return True
+
+
+def _outermost_in_progress(module: ModuleType) -> Any:
+    """The code of the outermost module of ``module``'s top-level package still executing
+    its body on this thread's stack, or None."""
+    top = module.__name__.partition(".")[0]
+    found = None
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__")
+        if (
+            frame.f_code.co_name == "<module>"
+            and isinstance(name, str)
+            and name != module.__name__
+            and name.partition(".")[0] == top
+            and getattr(getattr(sys.modules.get(name), "__spec__", None), "_initializing", False)
+        ):
+            found = frame.f_code
+        frame = frame.f_back  # type: ignore[assignment]
+    return found
+
+
+def _monitoring() -> bool:
+    """A ``sys.monitoring`` tool id of ours (PEP 669: an event on one code object costs
+    nothing elsewhere), with its PY_RETURN callback; False when every id we may use is
+    taken."""
+    with _LOCK:
+        if _TOOL:
+            return True
+        for tool in _MONITORING_TOOLS:
+            try:
+                sys.monitoring.use_tool_id(tool, "megatron-backports")
+            except ValueError:
+                continue
+            sys.monitoring.register_callback(tool, sys.monitoring.events.PY_RETURN, _returned)
+            _TOOL.append(tool)
+            return True
+        return False
+
+
+def _returned(code: Any, offset: int, value: object) -> object:
+    """A module body we wait for has run: its waiting callbacks, in the order they came. A
+    fatal one raises here, in the module's import (strict mode), as ``_notify`` does."""
+    with _LOCK:
+        waiting = _AFTER.pop(code, None)
+    if waiting is None:
+        return sys.monitoring.DISABLE
+    sys.monitoring.set_local_events(_TOOL[0], code, 0)
+    for callback, module in waiting:
+        _call(callback, module)
+    return None
+
+
+def _call(callback: Callback, module: ModuleType) -> None:
+    try:
+        callback(module)
+    except Exception as exc:
+        # A backport must never break the import it watches, unless it asks to
+        # (strict mode raises an error marked with `fatal_on_import`).
+        if getattr(exc, "fatal_on_import", False):
+            raise
+        _LOG.error("post-import hook for %s failed: %r", module.__name__, exc)
 
 
 def watched_spec(

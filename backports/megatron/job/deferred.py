@@ -101,10 +101,21 @@ def _deciding() -> set[str]:
 
 def on_target_import(module: ModuleType) -> None:
     """Every watched backport that waits for ``module`` (a coupled one: once its targets
-    are all loaded), decided and installed together. One call for them all (the import
-    finder runs a callback registered under several keys once per import): their installs
-    share one scan for aliases. A strict backport that is incompatible fails the import
-    before anything is installed in it."""
+    are all loaded), decided and installed together, once the import of megatron that brought
+    ``module`` in has finished (``decide_and_install``)."""
+    # Inside ``import megatron.core`` its modules are partially initialised: a sniff (or a
+    # vendored module) importing a name from one of them meets a circular import, and the
+    # backport would be called incompatible. So the decision waits for that import's end.
+    if not import_hooks.after_package_import(module, decide_and_install):
+        decide_and_install(module)
+
+
+def decide_and_install(module: ModuleType) -> None:
+    """Every watched backport that waits for ``module`` (a coupled one: once its targets
+    are all loaded), decided and installed together. One call for them all (the import finder runs a
+    callback registered under several keys once per import): their installs share one scan
+    for aliases. A strict backport that is incompatible fails the import before anything is
+    installed in it."""
     # In the importing thread: it holds the module's import lock (see sniffs_in_this_thread).
     with SESSION.lock, one_look(), sniffs_in_this_thread():
         # Judging an entry imports the modules of its other targets: their own hooks leave

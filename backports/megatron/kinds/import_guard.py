@@ -16,7 +16,12 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import cast
 
-from ..evidence.fingerprints import import_environment, installed_file, module_file
+from ..evidence.fingerprints import (
+    import_environment,
+    installed_file,
+    interpreter,
+    module_file,
+)
 from ..interpreter import import_hooks
 from ..interpreter.children import child_path
 from ..model import Target
@@ -130,7 +135,7 @@ class ImportGuardKind:
             return None
         return {
             "kind": self.name,
-            "python": [sys.executable, sys.version, sys.implementation.cache_tag],
+            "python": interpreter(),
             "module": {
                 "name": resolved.module_name,
                 "file": installed["file"],

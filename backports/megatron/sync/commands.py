@@ -39,7 +39,7 @@ from .stage import (
     unified_diff,
     write_file,
 )
-from .verify import local_changes, sniff_candidate
+from .verify import local_changes, sniff_candidate, vendored_names
 
 # What stands between the staged pair and the swap: raises ``Refused`` to write nothing.
 Proof = Callable[[Path], None]
@@ -81,15 +81,17 @@ def _tidy(vendor: Path, dry_run: bool) -> None:
 
 def _pieces(manifest: UpstreamToml, source: Source) -> list[Piece]:
     """What to vendor: each target symbol, then the module state listed in ``carry``;
-    each read from ``symbol_paths``'s file for it, else from the manifest's source."""
+    each read from ``symbol_paths``'s file for it, else from the manifest's source, and
+    defined under the name the catalog entry's target looks for."""
     paths = manifest.get("symbol_paths", {})
+    names = vendored_names(str(manifest["id"]))
     pieces = []
     for name, carried in [(s, False) for s in symbols(manifest)] + [
         (c, True) for c in manifest.get("carry", [])
     ]:
         path = paths.get(name, source.path)
         module = _module_name(manifest["path"] if path == source.path else path)
-        pieces.append(Piece(path, module, name, carried))
+        pieces.append(Piece(path, module, name, carried, names.get(name, "")))
     return pieces
 
 
@@ -185,6 +187,11 @@ def _prover(folder: VendoredFolder, sha: str, force: bool) -> Proof:
             return
         if sniffed.fixed:
             said = "the sniffed file is not the staged one"
+        elif sniffed.crashed:
+            said = (
+                f"{sniffed.summary}: {folder.shown()} at {sha} was not judged (its code does "
+                "not run as the sniff calls it on the installed release; look at what it needs)"
+            )
         elif sniffed.fixed is None:
             install = "install it first" if sniffed.not_here else "sniff it where it can run"
             said = f"not sniffed: {sniffed.summary} ({install}, or --force)"

@@ -69,6 +69,14 @@ class Piece:
     module: str
     symbol: str  # "fn", "Class.method", or a carried top-level name
     carried: bool = False  # module state the targets need, not a target itself
+    # The name the vendored module defines it under (the catalog target's ``replacement``,
+    # e.g. ``layer_wise_optimizer_init`` for ``Class.__init__``); "" = its own name.
+    defined_as: str = ""
+
+    @property
+    def name(self) -> str:
+        """What the vendored module calls it."""
+        return self.defined_as or self.symbol.rpartition(".")[2]
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,8 @@ def _parse(source: str, where: str) -> ast.Module:
         return ast.parse(source)
     except SyntaxError as exc:
         raise SourceError(f"{where} does not parse: {exc}") from exc
+    except (RecursionError, MemoryError) as exc:  # a 10,000-term expression, say
+        raise SourceError(f"{where} is too deeply nested to read ({type(exc).__name__})") from exc
 
 
 def _segment(source: str, func: ast.FunctionDef) -> str:
@@ -223,6 +233,70 @@ def _verify(rewritten: str, segment: str, nodes: list[ast.Name], live: str) -> N
         raise RewriteError("the rewritten text is not the upstream code with live reads")
 
 
+def _edited(text: str, spans: list[tuple[int, int, int, str]]) -> str:
+    """``text`` with each (line, start, end, new) byte span of one line replaced."""
+    lines = [line.encode("utf-8") for line in text.splitlines(keepends=True)]
+    for lineno, start, end, new in sorted(spans, reverse=True):
+        line = lines[lineno - 1]
+        lines[lineno - 1] = line[:start] + new.encode("utf-8") + line[end:]
+    return b"".join(lines).decode("utf-8")
+
+
+def _zero_argument_supers(tree: ast.AST) -> list[ast.Call]:
+    return [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Name)
+        and n.func.id == "super"
+        and not n.args
+        and not n.keywords
+    ]
+
+
+def _explicit_super(text: str, owner: str, piece: Piece) -> str:
+    """A method's ``super()`` made ``super(<live owner class>, <first parameter>)``: out of
+    its class body the method has no ``__class__`` cell, and zero-argument ``super()``
+    would raise at call time. The class is the live target module's, as the original's
+    cell holds it."""
+    function = ast.parse(text).body[0]
+    assert isinstance(function, ast.FunctionDef)
+    calls = _zero_argument_supers(function)
+    if not calls:
+        return text
+    positional = [*function.args.posonlyargs, *function.args.args]
+    if not positional:
+        raise RewriteError(f"{piece.symbol} calls super() but takes no instance or class")
+    if any(call.lineno != call.end_lineno for call in calls):
+        raise RewriteError(f"{piece.symbol} spreads a super() call over several lines")
+    explicit = f"super({owner}, {positional[0].arg})"
+    spans = [(c.lineno, c.col_offset, c.end_col_offset or 0, explicit) for c in calls]
+    rewritten = _edited(text, spans)
+    want = ast.parse(text)
+    for call in _zero_argument_supers(want):
+        call.args = list(ast.parse(explicit, mode="eval").body.args)  # type: ignore[attr-defined]
+    if ast.dump(ast.parse(rewritten)) != ast.dump(want):
+        raise RewriteError(f"the explicit super() of {piece.symbol} is not upstream's call")
+    return rewritten
+
+
+def _renamed(text: str, old: str, new: str) -> str:
+    """The function ``old`` defined as ``new`` (its ``def`` line only), checked on the tree."""
+    function = ast.parse(text).body[0]
+    assert isinstance(function, ast.FunctionDef) and function.name == old
+    line = text.splitlines(keepends=True)[function.lineno - 1].encode("utf-8")
+    start = line.find(f"def {old}".encode(), function.col_offset)
+    if start < 0 or not new.isidentifier():
+        raise RewriteError(f"cannot define {old} as {new!r}")
+    span = (function.lineno, start, start + len(f"def {old}"), f"def {new}")
+    rewritten = _edited(text, [span])
+    want = ast.parse(text)
+    want.body[0].name = new  # type: ignore[attr-defined]
+    if ast.dump(ast.parse(rewritten)) != ast.dump(want):
+        raise RewriteError(f"renaming {old} to {new} changed more than its name")
+    return rewritten
+
+
 def _carried_names(node: ast.stmt, names: ModuleNames, own: set[str]) -> set[str]:
     """Module globals a carried class or assignment reads when the vendored module is
     imported: only imports and the pieces' own names can serve that."""
@@ -266,6 +340,10 @@ def _render_piece(
     live_expr = _live_expr(piece.module, main_module)
     text = _replace_names(segment, live, live_expr)
     _verify(text, segment, live, live_expr)
+    if isinstance(node, ast.FunctionDef) and "." in piece.symbol:
+        text = _explicit_super(text, f"{live_expr}.{piece.symbol.partition('.')[0]}", piece)
+    if isinstance(node, ast.FunctionDef) and piece.name != node.name:
+        text = _renamed(text, node.name, piece.name)
     future = set(names.future) | ({"annotations"} if lazy else set())
     imports = {name: item for name, item in names.imports.items() if name in used}
     return _Rendered(text, segment, {n.id for n in live}, imports, future, decorators)
@@ -277,7 +355,7 @@ def _render_piece(
 def render(sources: Mapping[str, str], pieces: Sequence[Piece], provenance: Provenance) -> Vendored:
     """The vendored module holding every piece (``sources``: upstream file path -> text);
     raises a ``SyncError`` when upstream's code cannot be vendored so."""
-    own = {p.symbol.rpartition(".")[2] for p in pieces}
+    own = {p.symbol.rpartition(".")[2] for p in pieces} | {p.name for p in pieces}
     main = provenance.target_module
     rendered: list[_Rendered] = []
     reads: dict[str, set[str]] = {}

@@ -45,6 +45,7 @@ class Sniffed:
     summary: str
     sha256: str = ""  # of the bytes the sniff ran
     not_here: bool = False  # the entry is not in this environment's catalog
+    crashed: str = ""  # what the sniff raised on the candidate ("Type: message")
 
 
 def sniff_candidate(backport_id: str, candidate: Path) -> Sniffed:
@@ -57,6 +58,7 @@ def sniff_candidate(backport_id: str, candidate: Path) -> Sniffed:
         str(report.get("summary", "")),
         str(report.get("sha256", "")),
         bool(report.get("not_here", False)),
+        str(report.get("crashed", "")),
     )
 
 
@@ -116,10 +118,10 @@ def sniff_file(backport_id: str, candidate: Path) -> dict[str, Any]:
         try:
             code = compile(source, str(candidate), "exec", dont_inherit=True)
             exec(code, module.__dict__)
-        except Exception as exc:  # the candidate does not even import: it shows no fix
+        except Exception as exc:  # the candidate does not import here: not judged at all
             first = (str(exc).splitlines() or [""])[0]
-            summary = f"importing it raised {type(exc).__name__}: {first}"
-            return {"fixed": False, "summary": summary, "sha256": sha256}
+            raised = f"importing the candidate raised {type(exc).__name__}: {first}"
+            return {"crashed": raised, "summary": f"the probe crashed: {raised}", "sha256": sha256}
         result = sniff_replacement(spec, module, upstream_only=True)
     finally:
         sys.modules.pop(name, None)
@@ -127,6 +129,11 @@ def sniff_file(backport_id: str, candidate: Path) -> dict[str, Any]:
     if raised.startswith(("ModuleNotFoundError", "ImportError")):
         # The target's own modules are missing here: no verdict on the candidate.
         return {"summary": f"it cannot run here: {result.summary}", "sha256": sha256}
+    if raised:
+        # The probe itself failed on the candidate: that says the code does not run as the
+        # sniff calls it here (a name the entry looks for, a ctx an older forward builds),
+        # not that it lacks the fix.
+        return {"crashed": raised, "summary": f"the probe crashed: {raised}", "sha256": sha256}
     return {"fixed": bool(result.fixed), "summary": result.summary, "sha256": sha256}
 
 
@@ -141,3 +148,16 @@ def local_changes(backport_id: str) -> list[tuple[str, str]] | None:
     except KeyError:
         return None
     return [(change.name, change.reason) for change in spec.local_changes]
+
+
+def vendored_names(backport_id: str) -> dict[str, str]:
+    """Per target symbol, the name its vendored replacement must have where the catalog
+    entry names one of its own (``Target.replacement``: a method ``__init__`` is vendored
+    as ``layer_wise_optimizer_init``); empty for an entry this environment lacks."""
+    from ..catalog import by_id
+
+    try:
+        spec = by_id(backport_id)
+    except KeyError:
+        return {}
+    return {t.attribute: t.replacement_name for t in spec.targets if t.replacement_name != t.name}

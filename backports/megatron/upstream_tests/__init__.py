@@ -16,16 +16,13 @@ This module is the one place that reads the catalog and the vendored manifests.
 """
 
 import os
-import signal
 import tempfile
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import BackportError
+from ..termination import sigterm_unwinds
 from . import checkout as upstream_checkout
 from .child import LAUNCHERS, RunResult, run_pytest
 from .judgement import Row, verdict
@@ -74,38 +71,6 @@ def _other_ids(backport_id: str) -> str:
     from ..catalog import entries  # the plugins' entries too: the hook would apply them
 
     return ",".join(spec.id for spec in entries() if spec.id != backport_id)
-
-
-class _Terminated(Exception):
-    """SIGTERM arrived: unwind (child stopped, temporary folder removed), then end."""
-
-
-@contextmanager
-def _sigterm_unwinds() -> Iterator[None]:
-    """Turn SIGTERM into an exception while the body runs, so every ``finally`` and ``with``
-    below cleans up; then end the process as SIGTERM would have. Only the main thread can
-    take signals; elsewhere, and where SIGTERM is ignored, nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous == signal.SIG_IGN:
-        yield
-        return
-
-    def unwind(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the cleanup
-        raise _Terminated()
-
-    signal.signal(signal.SIGTERM, unwind)
-    try:
-        yield
-    except _Terminated:
-        signal.signal(signal.SIGTERM, previous)
-        os.kill(os.getpid(), signal.SIGTERM)  # the default action ends us here
-        raise SystemExit(128 + signal.SIGTERM) from None  # a handler of the caller's returned
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _covers(requested: str, name: str) -> bool:
@@ -174,7 +139,7 @@ def run(
         "MEGATRON_BACKPORTS_SKIP": _other_ids(backport_id),
         "BACKPORTS_UPSTREAM_TESTS_ID": backport_id,
     }
-    with _sigterm_unwinds(), tempfile.TemporaryDirectory(prefix="backports-upstream-") as name:
+    with sigterm_unwinds(), tempfile.TemporaryDirectory(prefix="backports-upstream-") as name:
         folder = Path(name) / "upstream"
         upstream_checkout.check_out(repo, commit, paths, folder)
         options: dict[str, Any] = {"launcher": launcher, "timeout_s": timeout_s}

@@ -65,11 +65,25 @@ def files_for_tests(repo: Path, commit: str, tests: list[str]) -> list[str]:
             f"cannot list {', '.join(roots)} at {commit}: {_first_line(done.stderr)}"
         )
     paths = [p for p in done.stdout.decode("utf-8", "replace").split("\0") if p]
+    for path in paths:
+        _refuse_odd(path, commit)
     wanted = [p for p in paths if p.endswith(".py")]
     for test in tests:
         if test.split("::")[0] not in wanted:
             raise BackportError(f"{test.split('::')[0]} does not exist at {commit}")
     return wanted
+
+
+def _refuse_odd(path: str, commit: str) -> None:
+    """A tree entry git itself never writes (``..``, ``.``, an empty or absolute name): a
+    crafted clone, whose checkout would write outside its folder. Refused before anything
+    is written."""
+    parts = path.split("/")
+    if path.startswith("/") or any(part in ("", ".", "..") for part in parts):
+        raise BackportError(
+            f"the tree at {commit[:12]} holds the path {path!r}, which would write outside the "
+            "test folder: a crafted clone, refused (nothing written)"
+        )
 
 
 def _blobs(repo: Path, commit: str, paths: list[str]) -> list[bytes]:
@@ -92,7 +106,11 @@ def _blobs(repo: Path, commit: str, paths: list[str]) -> list[bytes]:
 
 def check_out(repo: Path, commit: str, paths: list[str], folder: Path) -> None:
     """Write ``paths`` as they are at ``commit`` under ``folder``."""
+    root = folder.resolve()
     for path, content in zip(paths, _blobs(repo, commit, paths), strict=True):
+        _refuse_odd(path, commit)
         target = folder / path
+        if not target.resolve().is_relative_to(root):  # a folder above made a link
+            raise BackportError(f"{path} would be written outside {folder}: refused")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)

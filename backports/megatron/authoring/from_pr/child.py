@@ -10,8 +10,11 @@ import contextlib
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +27,8 @@ _SCRUBBED_PREFIXES = ("MEGATRON_BACKPORTS", "PYTHON", "BACKPORTS_UPSTREAM_TESTS"
 # same pull request patches the same targets and installs first, so the plugin is proven
 # where that builtin is off, as a user who prefers the plugin runs it.
 _SKIPPED: list[str] = []
+# After SIGTERM, before SIGKILL: time for a child to stop its own children and clean up.
+_GRACE_S = 10.0
 
 
 @contextlib.contextmanager
@@ -63,6 +68,15 @@ def _environment(scratch: Path, extra_path: list[Path] | None) -> dict[str, str]
     if _SKIPPED:
         env["MEGATRON_BACKPORTS_SKIP"] = ",".join(_SKIPPED)
     env["XDG_CACHE_HOME"] = str(scratch / "cache")
+    # Whatever a child writes to its home or temporary folder (torch's compile caches,
+    # upstream-tests' checkout, rustup's settings...) stays in the scratch folder, which goes
+    # when the derivation ends, however it ends. Git keeps the user's own settings.
+    gitconfig = Path.home() / ".gitconfig"
+    if "GIT_CONFIG_GLOBAL" not in env and gitconfig.is_file():
+        env["GIT_CONFIG_GLOBAL"] = str(gitconfig)
+    for name, folder in (("HOME", "home"), ("TMPDIR", "tmp"), ("TMP", "tmp"), ("TEMP", "tmp")):
+        (scratch / folder).mkdir(parents=True, exist_ok=True)
+        env[name] = str(scratch / folder)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     if extra_path:
         env["PYTHONPATH"] = os.pathsep.join(str(p) for p in extra_path)
@@ -70,17 +84,57 @@ def _environment(scratch: Path, extra_path: list[Path] | None) -> dict[str, str]
 
 
 def _run(argv: list[str], scratch: Path, env: dict[str, str], timeout: float) -> Done:
-    import time
-
+    """``argv`` in its own process group, which goes whole when it ends, times out, or this
+    process is stopped (Ctrl-C, SIGTERM): nothing the pull request's code started outlives
+    it. Its output goes to files, not pipes, which a grandchild left behind would hold open."""
     start = time.monotonic()
-    try:
-        done = subprocess.run(
-            argv, cwd=scratch, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    with (
+        tempfile.TemporaryFile("w+", dir=scratch, errors="replace") as out,
+        tempfile.TemporaryFile("w+", dir=scratch, errors="replace") as err,
+    ):
+        process = subprocess.Popen(
+            argv,
+            cwd=scratch,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
         )
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
-        return Done(124, out, f"timed out after {timeout:.0f} s", time.monotonic() - start)
-    return Done(done.returncode, done.stdout, done.stderr, time.monotonic() - start)
+        late = ""
+        try:
+            returncode = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            returncode, late = 124, f"\ntimed out after {timeout:.0f} s"
+        finally:
+            stop_group(process)
+        out.seek(0)
+        err.seek(0)
+        return Done(returncode, out.read(), err.read() + late, time.monotonic() - start)
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    """Whether any process of the group was there to take ``sig`` (0: only look)."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def stop_group(process: subprocess.Popen[bytes]) -> None:
+    """End every process of ``process``'s group: SIGTERM, a grace for them to clean up
+    (``upstream-tests`` stops its own pytest and removes its folder), then SIGKILL."""
+    deadline = time.monotonic() + _GRACE_S
+    if _signal_group(process.pid, signal.SIGTERM):
+        while time.monotonic() < deadline:
+            if process.poll() is not None and not _signal_group(process.pid, 0):
+                break
+            time.sleep(0.05)
+        else:
+            _signal_group(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=_GRACE_S)
 
 
 def run_module(

@@ -7,6 +7,7 @@ Exit status: 0 written and proven; 1 not proven or refused (nothing written, or 
 """
 
 import argparse
+import os
 import re
 import shutil
 import sys
@@ -17,12 +18,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ...termination import sigterm_unwinds
 from . import _tool, child
 from .budget import check_budget
 from .clone import open_clone
 from .derivation import Derivation, Names
 from .errors import BadInput, FromPrError, NotProven
-from .locate import installed_distribution, locate
+from .locate import installed_distribution, locate, refuse_uncarried_files
 from .merge import Conflict
 from .plugin import write_plugin
 from .prove import prove, upstream_tests
@@ -35,8 +37,9 @@ from .vendor import vendor
 _ID = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 T = TypeVar("T")
 CHILDREN_NOTICE = (
-    "running the pull request's code only in child interpreters (python -I or -P, in a "
-    "private scratch folder); none of it runs in this process"
+    "note: this runs the pull request's code, its tests included, with your rights, in "
+    "child processes (python -I or -P, in a private scratch folder), as pip install of a "
+    "package would: derive only from a clone you trust"
 )
 
 
@@ -111,6 +114,7 @@ def _derive(d: Derivation, number: int, scratch: Path, staging: Path, keep: bool
     d.title = re.sub(rf"\s*\(#{number}\)\s*$", "", clone.subject(pr.new.sha))
     d.changes = changes = step("symbols", lambda: changed_symbols(clone, pr))
     d.located = step("locate", lambda: locate(changes.symbols, clone, pr, installed))
+    refuse_uncarried_files(changes.other_files, installed, number)
     d.figures = check_budget(d.located)
     try:
         d.vendored = step(
@@ -125,7 +129,6 @@ def _derive(d: Derivation, number: int, scratch: Path, staging: Path, keep: bool
         )
         return
     vendored = d.vendored
-    print(CHILDREN_NOTICE, flush=True)
     write_plugin(d, staging)
     d.focus = focus_names(clone, pr, changes.symbols, changes.tests)
     tests = route_a_tests(clone, pr, changes.tests)
@@ -170,14 +173,29 @@ def _scratch() -> Iterator[Path]:
 
 
 def _finish(d: Derivation, staging: Path, dest: Path) -> None:
+    """The plugin appears at ``dest`` whole or not at all: copied beside it under a hidden
+    name, then renamed (atomic); a stop mid-copy (Ctrl-C, SIGTERM) removes the copy."""
     shutil.rmtree(staging, ignore_errors=True)
     write_plugin(d, staging)  # the final README holds the whole report
     dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(str(staging), str(dest))
+    partial = dest.parent / f".{dest.name}.partial-{os.getpid()}"
+    try:
+        shutil.copytree(staging, partial, symlinks=True)
+        partial.rename(dest)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
 
 
 def run(args: argparse.Namespace) -> int:
-    """The command; every error is one line on stderr (a conflict shows its hunk after)."""
+    """The command; every error is one line on stderr (a conflict shows its hunk after).
+    A SIGTERM, as a Ctrl-C, stops every child's process group and removes the scratch
+    folder before the process ends."""
+    with sigterm_unwinds():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     d: Derivation | None = None
     try:
         if args.repo is None:
@@ -187,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
         clone_path = Path(args.repo).expanduser().resolve()
         clone = open_clone(args.repo)
         installed = installed_distribution()
+        print(CHILDREN_NOTICE, flush=True)  # first, once the arguments are good
         d = Derivation(
             names, clone_path, clone.origin_url(), f"{installed.name} {installed.version}"
         )
@@ -218,6 +237,13 @@ def run(args: argparse.Namespace) -> int:
         _print_report(d)
         print(f"wrote {names.distribution} in {dest}: proven (contract kit, backports check)")
         return 0
+    except (RecursionError, MemoryError) as exc:  # source too deep or too big to analyse
+        print(
+            f"backports new: the pull request's code is too deeply nested or too big to "
+            f"analyse ({type(exc).__name__}); nothing written",
+            file=sys.stderr,
+        )
+        return 1
     except FromPrError as exc:
         if d is not None and d.pr is not None:
             _print_report(d)

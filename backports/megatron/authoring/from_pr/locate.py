@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .clone import Clone
-from .errors import BadInput
+from .errors import BadInput, Refused
 from .model import Located, PullRequest, Symbol
 from .units import UnitMap, map_units
 
@@ -60,9 +60,9 @@ def _fingerprint(code: str) -> str | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
             tree = ast.parse(textwrap.dedent(code))
-    except SyntaxError:
+        return _body_mark(tree.body[0]) if tree.body else None
+    except (SyntaxError, RecursionError, MemoryError):  # too deep to compare: no match
         return None
-    return _body_mark(tree.body[0]) if tree.body else None
 
 
 def _same(a: str, b: str) -> str | None:
@@ -73,7 +73,7 @@ def _same(a: str, b: str) -> str | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
             dump = [ast.dump(ast.parse(textwrap.dedent(t))) for t in (a, b)]
-    except SyntaxError:
+    except (SyntaxError, RecursionError, MemoryError):  # too deep to compare: not the same
         return None
     return "code" if dump[0] == dump[1] else None
 
@@ -207,3 +207,18 @@ def locate(
     symbols: tuple[Symbol, ...], clone: Clone, pr: PullRequest, installed: Installed
 ) -> list[Located]:
     return [locate_one(symbol, clone, pr, installed) for symbol in symbols]
+
+
+def refuse_uncarried_files(paths: tuple[str, ...], installed: Installed, number: int) -> None:
+    """``Refused`` where the pull request changes a file other than Python source in a
+    package the installed distribution ships (a .json, .yaml, .cu under megatron/core/):
+    a function swap carries none of it, so the backport would hold part of the fix only."""
+    for path in paths:
+        if path.endswith(".py") or not path.startswith("megatron/"):
+            continue
+        if any(p.startswith(_package_root(path)) for p in installed.files):
+            raise Refused(
+                f"#{number} also changes {path}, and --from-pr carries Python functions only: "
+                f"the backport would lack that part of the fix; write it by hand "
+                f"(backports new --pr {number} --repo ... --target ...)"
+            )

@@ -88,6 +88,14 @@ def report_lines(d: Derivation) -> list[str]:
             f"vendored: {d.vendored.file} ({d.vendored.origin}), "
             f"{len(d.vendored.targets)} target(s), carried along: {carried}"
         )
+    if d.changes is not None and d.changes.other_files:
+        others = ", ".join(d.changes.other_files[:6])
+        more = (
+            f" and {len(d.changes.other_files) - 6} more" if len(d.changes.other_files) > 6 else ""
+        )
+        lines.append(
+            f"other files it changes, not carried (docs, configs, test helpers): {others}{more}"
+        )
     if d.changes is not None:
         lines.append(f"upstream tests the pull request adds or changes: {len(d.changes.tests)}")
         lines += [f"  {t}" for t in d.changes.tests[:8]]

@@ -6,6 +6,9 @@
   #6114's ``98be7da3`` on #6514's) are discarded and listed;
 - base: ``merge^`` for a merged pull request, ``merge-base(head, main)`` for an open one.
 
+A merge commit (an octopus too) titled ``(#N)`` is used only where it merges the pull
+request's head and nothing else new: else it is refused, never used "NOT verified".
+
 A number above the clone's newest pull ref is refused in one line: the clone predates it.
 """
 
@@ -73,6 +76,37 @@ def _merge_checked(clone: Clone, merge: Commit, head: Commit, base: Commit) -> C
     return Commit(merge.role, merge.sha, False, why)
 
 
+def _merge_commit_checked(clone: Clone, number: int, merge: Commit, head: Commit) -> Commit:
+    """A merge commit (two parents or more) titled ``(#N)``: its change against its first
+    parent holds every branch it merges. Used only where one of those is the pull request's
+    head, every other brings nothing main or the head lacks, and the files match the head's;
+    else ``Refused``: an octopus merge would drag another change in."""
+    first, *merged = clone.parents(merge.sha)
+    where = f"{merge.sha[:12]}, the merge titled (#{number}),"
+    todo = f"write this backport by hand (backports new --pr {number} --repo ... --target ...)"
+    if head.sha not in merged:
+        raise Refused(
+            f"{where} does not merge refs/pull/{number}/head ({head.sha[:12]}): what it brings "
+            f"cannot be told to be the pull request's; {todo}"
+        )
+    for other in merged:
+        if other != head.sha and not (
+            clone.is_ancestor(other, first) or clone.is_ancestor(other, head.sha)
+        ):
+            raise Refused(
+                f"{where} also merges {other[:12]} ({clone.subject(other)}), which is not the "
+                f"pull request's: its change would be carried too; {todo}"
+            )
+    pr_base = clone.merge_base(head.sha, first) or first
+    merged_files = {p for pair in clone.changed_files(first, merge.sha) for p in pair if p}
+    proposed = {p for pair in clone.changed_files(pr_base, head.sha) for p in pair if p}
+    if merged_files != proposed:
+        differ = ", ".join(sorted(merged_files ^ proposed)[:3])
+        raise Refused(f"{where} changes other files than its head ({differ}); {todo}")
+    how = f"{merge.how}; merges the head and nothing else, changing its files"
+    return Commit(merge.role, merge.sha, True, how)
+
+
 def resolve_pull_request(clone: Clone, number: int) -> PullRequest:
     """The head, merge and base commits of pull request ``number`` in ``clone``."""
     if number <= 0:
@@ -81,6 +115,8 @@ def resolve_pull_request(clone: Clone, number: int) -> PullRequest:
     head = _head(clone, number)
     merge, twins = _merge(clone, number, main)
     base = _base(clone, head, merge, main)
-    if merge is not None:
+    if merge is not None and len(clone.parents(merge.sha)) > 1:
+        merge = _merge_commit_checked(clone, number, merge, head)
+    elif merge is not None:
         merge = _merge_checked(clone, merge, head, base)
     return PullRequest(number, head, merge, base, main, twins)

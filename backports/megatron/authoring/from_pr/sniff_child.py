@@ -89,7 +89,9 @@ def _route_a(
         start = time.monotonic()
         try:
             function = _test(test)
-        except Exception as exc:  # its imports need the upstream test tree, a GPU, ...
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # its imports need the test tree, a GPU, ... (or skip)
             tried.append(f"a: {test['id']} does not load here: {type(exc).__name__}: {exc}")
             continue
         module, attribute = target["module"], target["attribute"]
@@ -169,13 +171,17 @@ def main(argv: list[str]) -> int:
         for target in request["targets"]:
             try:
                 answer["targets"][target["attribute"]] = _one(request, target, vendored)
-            except Exception as exc:
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # the pull request's code ends no answer
                 answer["targets"][target["attribute"]] = {
                     "route": None,
                     "tried": [f"the search failed: {type(exc).__name__}: {exc}"],
                     "traceback": traceback.format_exc(limit=-4),
                 }
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit or pytest's outcomes from an import too
         answer["error"] = f"{type(exc).__name__}: {exc}"
         answer["traceback"] = traceback.format_exc(limit=-4)
     with open(argv[1], "w", encoding="utf-8") as handle:

@@ -515,14 +515,29 @@ def test_binding(module_name: str, attribute: str, function: Function) -> tuple[
     return owner_name, type(owner_name, (owner,), {name: member, "__module__": owner.__module__})
 
 
+def _is_pytest_failure(exc: BaseException) -> bool:
+    """``pytest.fail`` and a ``pytest.raises`` that saw nothing raise ``Failed``, which
+    derives from ``BaseException``, not ``Exception`` (told by name: pytest need not be
+    importable where the test runs)."""
+    outcome = any(
+        cls.__module__ == "_pytest.outcomes" and cls.__name__ == "OutcomeException"
+        for cls in type(exc).__mro__
+    )
+    return outcome and any(cls.__name__ == "Failed" for cls in type(exc).__mro__)
+
+
 def run_test(test: Function, name: str, value: object, with_globals: WithGlobals) -> str:
-    """ "passed", "failed" (an assertion) or "error <type>: <line>" for ``test()`` run with
-    ``name`` bound to ``value``."""
+    """ "passed", "failed" (an assertion, or pytest's ``Failed``) or "error <type>: <line>"
+    for ``test()`` run with ``name`` bound to ``value``. Whatever the test raises is its
+    outcome, ``BaseException`` included (pytest's outcomes, ``SystemExit``): a test never
+    ends the process running it; only a Ctrl-C goes on."""
     try:
         with_globals(test, {name: value})()
-    except AssertionError:
-        return "failed"
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # its outcome, as pytest would report it
+        if isinstance(exc, AssertionError) or _is_pytest_failure(exc):
+            return "failed"
         first = (str(exc).splitlines() or [""])[0][:120]
         return f"error {type(exc).__name__}: {first}"
     return "passed"

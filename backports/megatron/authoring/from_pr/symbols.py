@@ -31,6 +31,8 @@ def _parse(text: str | None, where: str) -> UnitMap | None:
         return map_units(text)
     except SyntaxError as exc:
         raise Refused(f"{where} does not parse: {exc}") from exc
+    except (RecursionError, MemoryError) as exc:  # a 10,000-term expression, say
+        raise Refused(f"{where} is too deeply nested to read ({type(exc).__name__})") from exc
 
 
 @dataclass

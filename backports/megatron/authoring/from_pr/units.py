@@ -7,6 +7,7 @@ def or class is a module statement (an import, an assignment, a comment).
 """
 
 import ast
+import functools
 from dataclasses import dataclass
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -158,6 +159,7 @@ class UnitMap:
         return unit
 
 
+@functools.lru_cache(maxsize=16)  # read only; `candidates` maps one file's text many times
 def map_units(text: str) -> UnitMap:
     """``text`` parsed; a SyntaxError propagates (the caller names the file)."""
     tree = ast.parse(text)
