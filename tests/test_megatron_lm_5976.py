@@ -196,8 +196,8 @@ def test_a_capturable_tensor_lr_stays_a_tensor_and_group_steps_rewind():
 def test_status_shows_both_copies_needed():
     report = report_for(status(ID), ID)
     assert report.verdict is Verdict.NEEDED and report.action is Action.WOULD_INSTALL
-    assert "[megatron-core] megatron-core 0.19.2 lacks" in report.reason
-    assert "[megatron-fsdp] megatron-fsdp 0.6.1 lacks" in report.reason
+    assert report.reason.startswith("megatron-core 0.19.2 lacks the fix: ")
+    assert "; megatron-fsdp 0.6.1 lacks the fix: " in report.reason
     copies = {c["distribution"]: c for c in report.evidence["copies"]}
     assert [copies[d]["verdict"] for d in ("megatron-core", "megatron-fsdp")] == ["needed"] * 2
     assert copies["megatron-fsdp"]["evidence"]["distribution"]["version"] == "0.6.1"

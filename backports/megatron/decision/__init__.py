@@ -163,6 +163,10 @@ def _decide_copies(
 _COPY_ORDER = (Verdict.INCOMPATIBLE, Verdict.NEEDED, Verdict.UPSTREAM, Verdict.ABSENT)
 
 
+def _named(distribution: str, reason: str) -> str:
+    return reason if reason.startswith(f"{distribution} ") else f"[{distribution}] {reason}"
+
+
 def _combined(spec: BackportSpec, mode: str, decisions: Sequence[Decision]) -> Decision:
     """One decision from the copies': the reason names each distribution's, the evidence
     keeps each (``copies``); a ``needed`` one is for the copies that need it only (its
@@ -176,7 +180,9 @@ def _combined(spec: BackportSpec, mode: str, decisions: Sequence[Decision]) -> D
         }
         for d in decisions
     ]
-    reason = "; ".join(f"[{c['distribution']}] {c['reason']}" for c in copies)
+    # Each reason names its distribution (its version first, as every reason does); one
+    # that does not (a refusal) is prefixed with it.
+    reason = "; ".join(_named(d.spec.target.distribution, d.reason) for d in decisions)
     waiting = [d for d in decisions if d.verdict is None]
     decided = sorted(
         (d for d in decisions if d.verdict is not None),
