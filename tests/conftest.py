@@ -149,7 +149,8 @@ def ids_installed_by_importing(module: str) -> list[str]:
     """The catalog ids a process installs when its only megatron import is ``module``:
     every entry whose targets are all defined in modules that import brings in, and every
     import guard (installed before any megatron module runs). (An entry with a target
-    elsewhere, as #6793's recompute / DSA pair, waits for its modules.)"""
+    elsewhere, as #6793's recompute / DSA pair, waits for its modules. An entry whose code
+    ships in several distributions, ``copies``, is installed once one copy is all there.)"""
     import subprocess
     import sys
 
@@ -157,8 +158,9 @@ def ids_installed_by_importing(module: str) -> list[str]:
         f"import sys, {module}\n"
         "from backports.megatron.catalog import CATALOG\n"
         "from backports.megatron.kinds import kind_of\n"
-        "print(' '.join(s.id for s in CATALOG if all(kind_of(t).before_import or "
-        "any(m in sys.modules for m in t.modules) for t in s.targets)))"
+        "print(' '.join(s.id for s in CATALOG if any(all(kind_of(t).before_import or "
+        "any(m in sys.modules for m in t.modules) for t in part.targets) "
+        "for part in s.parts())))"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300

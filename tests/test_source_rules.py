@@ -17,7 +17,13 @@ import pytest
 from backports.megatron._vendor.megatron_lm_6010 import _source_rule as rules
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ["megatron_lm_6010", "megatron_lm_6099", "megatron_lm_6624", "megatron_lm_6890"]
+FOLDERS = [
+    "megatron_lm_5976",
+    "megatron_lm_6010",
+    "megatron_lm_6099",
+    "megatron_lm_6624",
+    "megatron_lm_6890",
+]
 MODULE = __import__(__name__, fromlist=["_"])
 GREETING = "hello"  # read by _Child.greet as a module global
 

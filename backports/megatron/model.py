@@ -27,6 +27,7 @@ __all__ = [
     "VENDOR_PACKAGE",
     "WITH_LOCAL_CHANGES",
     "BackportSpec",
+    "Copy",
     "LocalChange",
     "ResolvedTarget",
     "Sniff",
@@ -81,6 +82,10 @@ class Target:
     # When the installed original is decorated, the vendored body is decorated with the
     # live decorator and installed behind a plain shim; None: never decorated.
     decorator: str | None = None
+    # Other names of a method's class in other releases of the distribution (upstream
+    # renamed it: main's FullyShardedDataParallelV1 is 0.19.2's FullyShardedDataParallel),
+    # looked up in order where ``attribute``'s class is not in the module.
+    owner_renamed: tuple[str, ...] = ()
 
     @property
     def owner_name(self) -> str | None:
@@ -181,6 +186,20 @@ Sniff = Callable[[Sequence[ResolvedTarget]], SniffResult]
 
 
 @dataclass(frozen=True)
+class Copy:
+    """Another distribution that ships its own copy of the fixed code (megatron-fsdp's wheel
+    holds the module megatron-core vendors as ``megatron.core.distributed.fsdp.src``): the
+    entry's targets in ``distribution`` are judged and installed on that distribution's
+    evidence alone (its version, its installed text), dated here, apart from the others."""
+
+    distribution: str
+    # As ``BackportSpec``'s, for this distribution's releases.
+    target_since: Version
+    bug_since: Version | None = None
+    fixed_in: Version | None = None
+
+
+@dataclass(frozen=True)
 class Renamed:
     """A target upstream renamed (``old`` -> ``new`` in the same module, by ``change``,
     e.g. "#5944 (e4ba3a30f2d8)"). Where ``old`` is gone and ``new`` stands, the entry cannot
@@ -231,10 +250,17 @@ class BackportSpec:
     # them imported brings in the others, so a job that imports only one (LLaVA and never
     # MiMo) still gets the fix where it runs.
     coupled: bool = False
+    # Other distributions shipping a copy of the same code (see ``Copy``): the targets are
+    # then grouped by distribution, each group judged and installed on its own evidence
+    # (``parts()``); the first target's distribution is dated by the fields above.
+    copies: tuple[Copy, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.targets:
             raise ValueError(f"{self.id}: a catalog entry needs at least one target")
+        problem = self._copies_problem()
+        if problem is not None:
+            raise ValueError(f"{self.id}: {problem}")
         for target in self.targets:
             problem = target.problem_in(self.targets) if isinstance(target, Target) else None
             if problem is not None:
@@ -243,6 +269,43 @@ class BackportSpec:
             object.__setattr__(self, "vendored", self._complete(self.vendored))
         if not self.delete_when_landed:
             object.__setattr__(self, "delete_when_landed", self._delete_text())
+
+    def _copies_problem(self) -> str | None:
+        """Why ``copies`` does not fit the targets, or None: each copy's distribution holds
+        targets and is not the first target's (dated by the entry itself)."""
+        names = [copy.distribution for copy in self.copies]
+        held = {getattr(target, "distribution", None) for target in self.targets}
+        if len(set(names)) != len(names):
+            return f"a distribution is named twice in copies: {names}"
+        for name in names:
+            if name == self.target.distribution:
+                return f"copies names {name}, the first target's (dated by the entry itself)"
+            if name not in held:
+                return f"copies names {name}, which no target is in"
+        return None
+
+    def parts(self) -> "tuple[BackportSpec, ...]":
+        """The entry as judged: itself, or (with ``copies``) one entry per distribution, in
+        the targets' order, each with that distribution's targets and dates."""
+        if not self.copies:
+            return (self,)
+        dated = {copy.distribution: copy for copy in self.copies}
+        own = Copy(self.target.distribution, self.target_since, self.bug_since, self.fixed_in)
+        order = list(dict.fromkeys(target.distribution for target in self.targets))
+        parts = []
+        for name in order:
+            copy = dated.get(name, own)
+            parts.append(
+                replace(
+                    self,
+                    targets=tuple(t for t in self.targets if t.distribution == name),
+                    target_since=copy.target_since,
+                    bug_since=copy.bug_since,
+                    fixed_in=copy.fixed_in,
+                    copies=(),
+                )
+            )
+        return tuple(parts)
 
     @property
     def target(self) -> Target:

@@ -20,6 +20,7 @@ from ..kinds.import_guard import ImportGuard
 from ..kinds.module_attribute import ModuleAttribute
 from ..model import (
     BackportSpec,
+    Copy,
     LocalChange,
     Renamed,
     SniffFailed,
@@ -36,6 +37,7 @@ __all__ = [
     "CATALOG",
     "BackportSpec",
     "Constructor",
+    "Copy",
     "ImportGuard",
     "LocalChange",
     "ModuleAttribute",

@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any, cast
 
@@ -115,6 +115,8 @@ def decide(
     ``plugin``: (distribution, entry-point module) of a plugin's entry, for the cache's key.
     Never raises but for a KeyboardInterrupt: a failure is an ``incompatible`` verdict.
     """
+    if spec.copies:
+        return _decide_copies(spec, mode, importing, child_sniffs, plugin)
     early = early_evidence(spec)
     if early.verdict is not None:
         return Decision(spec, mode, early.verdict, early.reason, early.evidence)
@@ -127,6 +129,80 @@ def decide(
         # user's Ctrl-C goes through.
         reason = f"probe failed: {one_line(exc)}"
         return Decision(spec, mode, Verdict.INCOMPATIBLE, reason, early.evidence)
+
+
+def _decide_copies(
+    spec: BackportSpec,
+    mode: str,
+    importing: bool,
+    child_sniffs: bool,
+    plugin: tuple[str, str] | None,
+) -> Decision:
+    """An entry whose code ships in several distributions (``spec.copies``): each copy
+    decided as an entry of its own (its version, its installed text, its sniff), then one
+    decision that installs the copies that need it. As for an entry that is not coupled, a
+    copy found imported brings in the others (their distributions installed) to be judged."""
+    parts = spec.parts()
+    decisions = [
+        decide(part, mode, importing=importing, child_sniffs=child_sniffs, plugin=plugin)
+        for part in parts
+    ]
+    if any(d.verdict is None for d in decisions) and any(d.targets for d in decisions):
+        decisions = [
+            decide(part, mode, importing=True, child_sniffs=child_sniffs, plugin=plugin)
+            if d.verdict is None
+            else d
+            for part, d in zip(parts, decisions, strict=True)
+        ]
+    return _combined(spec, mode, decisions)
+
+
+# Which copy's verdict is the entry's, first first. A copy unlike any version makes the
+# entry incompatible (``strict`` refuses it, nothing is installed: the catalog's rule for a
+# target it cannot judge); else one copy to install makes it ``needed``.
+_COPY_ORDER = (Verdict.INCOMPATIBLE, Verdict.NEEDED, Verdict.UPSTREAM, Verdict.ABSENT)
+
+
+def _named(distribution: str, reason: str) -> str:
+    return reason if reason.startswith(f"{distribution} ") else f"[{distribution}] {reason}"
+
+
+def _combined(spec: BackportSpec, mode: str, decisions: Sequence[Decision]) -> Decision:
+    """One decision from the copies': the reason names each distribution's, the evidence
+    keeps each (``copies``); a ``needed`` one is for the copies that need it only (its
+    ``spec`` holds their targets), waiting (None) while a copy waits for its import."""
+    copies = [
+        {
+            "distribution": d.spec.target.distribution,
+            "verdict": None if d.verdict is None else str(d.verdict),
+            "reason": d.reason,
+            "evidence": d.evidence,
+        }
+        for d in decisions
+    ]
+    # Each reason names its distribution (its version first, as every reason does); one
+    # that does not (a refusal) is prefixed with it.
+    reason = "; ".join(_named(d.spec.target.distribution, d.reason) for d in decisions)
+    waiting = [d for d in decisions if d.verdict is None]
+    decided = sorted(
+        (d for d in decisions if d.verdict is not None),
+        key=lambda d: _COPY_ORDER.index(d.verdict) if d.verdict in _COPY_ORDER else 0,
+    )
+    if waiting or not decided:
+        return Decision(spec, mode, None, reason, {"copies": copies})
+    leading = decided[0]
+    evidence = {**leading.evidence, "copies": copies}
+    # The entry's own distribution (the first target's) stays the one reports name.
+    if "distribution" in decisions[0].evidence:
+        evidence["distribution"] = decisions[0].evidence["distribution"]
+    evidence["targets"] = [shown for d in decisions for shown in d.evidence.get("targets", [])]
+    if leading.verdict is not Verdict.NEEDED:
+        return Decision(spec, mode, leading.verdict, reason, evidence, leading.targets)
+    needed = [d for d in decided if d.verdict is Verdict.NEEDED]
+    installed = replace(spec, targets=tuple(t for d in needed for t in d.spec.targets), copies=())
+    targets = tuple(t for d in needed for t in d.targets)
+    proven = all(d.proven for d in needed)
+    return Decision(installed, mode, Verdict.NEEDED, reason, evidence, targets, proven=proven)
 
 
 def _judge_targets(

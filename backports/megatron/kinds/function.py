@@ -200,12 +200,23 @@ def _in_module(module: ModuleType, target: Target, backport_id: str) -> Resolved
     return _resolved(module, target, function, backport_id, defining)
 
 
+def _owner_in(module: ModuleType, target: Target) -> tuple[str, type] | None:
+    """The class holding a method target in ``module`` (by its name, else by a name it
+    has in another release) and the name it was found under; None where none is a class
+    that defines the method (an inherited method is not defined here)."""
+    assert target.owner_name is not None
+    for name in (target.owner_name, *target.owner_renamed):
+        owner = getattr(module, name, None)
+        if isinstance(owner, type) and target.name in vars(owner):
+            return name, owner
+    return None
+
+
 def _in_class(module: ModuleType, target: Target, backport_id: str) -> ResolvedTarget | None:
-    owner_name = target.owner_name
-    assert owner_name is not None
-    owner = getattr(module, owner_name, None)
-    if not isinstance(owner, type) or target.name not in vars(owner):
+    found = _owner_in(module, target)
+    if found is None:
         return None  # no such class, or the method is inherited: not defined here
+    owner_name, owner = found
     defining = sys.modules.get(owner.__module__) or module
     if getattr(defining, owner_name, None) is not owner:
         defining = module

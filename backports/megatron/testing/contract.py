@@ -55,26 +55,30 @@ def _one_report(reports: list[Report], spec: BackportSpec) -> Report:
 
 
 def sniff_says_needed_on_the_installed_code(spec: BackportSpec) -> None:
-    """On the megatron-core the entry is written for, the sniff sees the bug."""
-    stock = [
-        kind_of(target).stock(target, found)
-        for target, found in zip(spec.targets, _resolved(spec), strict=True)
-    ]
-    result = spec.sniff(stock)
-    assert result.fixed is False, f"{spec.id}: the sniff says fixed: {result.summary}"
+    """On the megatron-core the entry is written for, the sniff sees the bug (in each copy
+    of an entry whose code ships in several distributions)."""
+    for part in spec.parts():
+        stock = [
+            kind_of(target).stock(target, found)
+            for target, found in zip(part.targets, _resolved(part), strict=True)
+        ]
+        result = part.sniff(stock)
+        assert result.fixed is False, f"{part.id}: the sniff says fixed: {result.summary}"
 
 
 def sniff_says_fixed_on_the_vendored_code(spec: BackportSpec) -> None:
     """Run on what the default mode installs (its vendored code with the local changes),
-    the sniff sees the fix (as the decision runs it)."""
-    result = sniff_vendored(spec, vendored_module(spec.vendored), upstream_only=False)
-    assert result.fixed is True, f"{spec.id}: the sniff says needed: {result.summary}"
+    the sniff sees the fix (as the decision runs it; in each copy)."""
+    for part in spec.parts():
+        result = sniff_vendored(part, vendored_module(part.vendored), upstream_only=False)
+        assert result.fixed is True, f"{part.id}: the sniff says needed: {result.summary}"
 
 
 def sniff_says_fixed_on_the_vendored_code_upstream_only(spec: BackportSpec) -> None:
     """Upstream's code alone, without this project's local changes, has the fix too."""
-    result = sniff_vendored(spec, vendored_module(spec.vendored), upstream_only=True)
-    assert result.fixed is True, f"{spec.id}: upstream-only, the sniff says: {result.summary}"
+    for part in spec.parts():
+        result = sniff_vendored(part, vendored_module(part.vendored), upstream_only=True)
+        assert result.fixed is True, f"{part.id}: upstream-only, the sniff says: {result.summary}"
 
 
 def _apply_then_revert(spec: BackportSpec, upstream_only: bool) -> None:
