@@ -90,6 +90,17 @@ class Clone:
             return False
         return True
 
+    def on_first_parent_line(self, sha: str, ref: str) -> bool:
+        """Whether ``sha`` is one of ``ref``'s own commits (its first-parent chain): a squash
+        or merge commit landed there, not a commit of a branch merged into it."""
+        if not _SHA.fullmatch(sha):
+            return False
+        try:
+            out = str(self.git.rev_list("--first-parent", ref, "--not", f"{sha}^@", "--"))
+        except Exception:
+            return False
+        return sha in out.split()
+
     def merge_base(self, a: str, b: str) -> str | None:
         try:
             sha = str(self.git.merge_base(a, b)).strip()
