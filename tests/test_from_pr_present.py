@@ -59,3 +59,21 @@ def test_a_change_the_release_already_has_is_one_line_and_nothing_written(
     assert len(said) == 1 and "already has #130's change" in said[0], out + err
     assert "megatron-core 0.19.2" in said[0] and "nothing written" in said[0]
     assert not dest.exists()
+
+
+def test_a_conflicting_hunk_names_the_upstream_change_it_needs_first(
+    upstream, tmp_path, capsys
+) -> None:
+    """#103's hunk rewrites a line an earlier upstream commit wrote (the installed release
+    predates it): the refusal names that commit and its pull request."""
+    line = "input, bias = ctx.saved_tensors[0], ctx.saved_tensors[1]"
+    base = upstream.sha("merge103") + "^"
+    # The reference: the newest commit of the base whose diff adds or removes that line.
+    wrote = upstream.repo.git.log("-n1", "--format=%H %s", f"-S{line}", base, "--").split()
+    dest = tmp_path / "plugin"
+    argv = ["new", "--from-pr", "103", "--repo", str(upstream.path), "--dest", str(dest)]
+    assert cli.main(argv) == 1
+    first = capsys.readouterr().err.splitlines()[0]
+    assert "do not apply to the installed text" in first
+    assert f"last changed upstream by {wrote[0][:12]} {wrote[-1]}" in first, (wrote, first)
+    assert first.endswith("nothing written") and not dest.exists()
