@@ -251,7 +251,8 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 1
     except FromPrError as exc:
-        if d is not None and d.pr is not None:
+        # Nothing to carry (exit 0) is one line: the report would list what must be written.
+        if d is not None and d.pr is not None and exc.exit_code != 0:
             _print_report(d)
         first, *rest = str(exc).splitlines()
         written = "" if exc.exit_code != 1 else "; nothing written"
