@@ -73,7 +73,8 @@ def test_a_pull_request_newer_than_the_clone_is_one_line_and_nothing_written(
     out, err = capsys.readouterr()
     assert err.splitlines() == [
         f"backports new: #{NEWEST + 1} is newer than this clone (its newest pull ref is "
-        f"#{NEWEST}): fetch it first (git fetch origin '+refs/pull/*:refs/pull/*'); "
+        f"#{NEWEST}): fetch it first (git fetch origin pull/{NEWEST + 1}/head:refs/pull/"
+        f"{NEWEST + 1}/head); "
         "nothing written"
     ]
     assert out == f"{CHILDREN_NOTICE}\n" and not dest.exists()

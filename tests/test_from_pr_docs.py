@@ -18,8 +18,6 @@ from tests.from_pr_fixture import build
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import training_env
 
-pytestmark = pytest.mark.slow
-
 DOC = Path(__file__).resolve().parents[1] / "docs" / "from-pr.md"
 MARK = "<!-- from-pr walk-through: run in tests/test_from_pr_docs.py -->"
 
@@ -38,6 +36,21 @@ def test_the_walk_through_is_the_four_commands() -> None:
     assert commands[-1] == "backports check"
 
 
+def test_the_walk_through_names_a_pull_request_no_builtin_carries() -> None:
+    """A builtin ``megatron-lm-N`` installs first on #N's targets: the plugin of the doc's
+    example would never run, and its last ``backports check`` would fail."""
+    from backports.megatron.catalog import entries
+
+    text = DOC.read_text(encoding="utf-8")
+    named = re.search(r"for example `PR=(\d+)`", text)
+    printed = re.search(r"What it printed for #(\d+)", text)
+    assert named is not None and printed is not None
+    assert named.group(1) == printed.group(1)
+    builtins = {spec.id for spec in entries()}
+    assert f"megatron-lm-{named.group(1)}" not in builtins, builtins
+
+
+@pytest.mark.slow
 def test_the_walk_through_runs_from_a_pull_request_to_a_passing_check(tmp_path: Path) -> None:
     upstream = build(tmp_path / "Megatron-LM")
     env = training_env.create(tmp_path / "venv")

@@ -58,9 +58,44 @@ def test_a_pull_request_newer_than_the_clone_is_refused_in_one_line(clone) -> No
     assert f"#{NEWEST}" in message
 
 
-def test_a_number_without_a_pull_ref_is_refused(clone) -> None:
-    with pytest.raises(Refused, match="has no refs/pull/100/head"):
+def test_a_number_neither_merged_nor_fetched_prints_the_fetch_command(clone) -> None:
+    with pytest.raises(BadInput) as caught:
         resolve_pull_request(clone, 100)
+    assert str(caught.value).endswith("git fetch origin pull/100/head:refs/pull/100/head")
+    assert caught.value.exit_code == 2
+
+
+@pytest.fixture(scope="module")
+def plain_clone(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Clone:
+    """``git clone`` of the fixture: main's history, no refs/pull/* (as GitHub serves it)."""
+    path = tmp_path_factory.mktemp("plain") / "Megatron-LM"
+    upstream.repo.git.clone("--quiet", "--no-local", str(upstream.path), str(path))
+    plain = open_clone(str(path))
+    assert plain.pull_numbers() == []
+    return plain
+
+
+def test_a_plain_clone_resolves_a_merged_pull_request_from_main_alone(upstream, plain_clone):
+    pr = resolve_pull_request(plain_clone, 102)
+    assert pr.merge is not None and pr.merge.sha == upstream.sha("merge102")
+    assert pr.merge.verified and "first-parent on" in pr.merge.how, pr.merge.how
+    assert pr.base.sha == upstream.sha("docs91")  # the squash merge's parent
+    assert pr.head is None and pr.new == pr.merge
+
+
+def test_a_plain_clone_refuses_an_open_pull_request_with_the_fetch_command(plain_clone):
+    with pytest.raises(BadInput) as caught:
+        resolve_pull_request(plain_clone, 105)
+    message = str(caught.value)
+    assert "\n" not in message and caught.value.exit_code == 2
+    assert message.endswith("git fetch origin pull/105/head:refs/pull/105/head"), message
+
+
+def test_a_plain_clone_still_refuses_an_octopus_merge(upstream, plain_clone) -> None:
+    """Without the pull ref, the merge's second parent stands for the head: the octopus
+    still brings another branch and is refused."""
+    with pytest.raises(Refused, match=f"also merges {upstream.sha('other116')[:12]}"):
+        resolve_pull_request(plain_clone, 116)
 
 
 @pytest.mark.parametrize("number", [0, -3])

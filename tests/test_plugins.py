@@ -609,6 +609,16 @@ def test_status_says_a_plugin_entry_shadowing_a_builtins_target_never_installs(
     shadow = reports["acme-shadow"]
     assert (shadow.verdict, str(shadow.action)) == (Verdict.INCOMPATIBLE, "would-skip")
     assert BACKPORT_ID in shadow.reason and "fused_sparse_mla_absorbed" in shadow.reason
+    # --only judges it as a job would: beside the builtin it never installs, so status
+    # --only says so and check --only fails (not "needed", not green).
+    (alone,) = status("acme-shadow")
+    assert (alone.id, alone.verdict, alone.action, alone.reason) == (
+        shadow.id,
+        shadow.verdict,
+        shadow.action,
+        shadow.reason,
+    )
+    assert cli.main(["check", "--only", "acme-shadow"]) == 1
     with warnings.catch_warnings():  # what apply() does agrees
         warnings.simplefilter("ignore")
         applied = {r.id: r for r in apply()}

@@ -137,12 +137,15 @@ def test_the_writer_writes_every_value_as_a_toml_literal():
     assert parse_upstream(text, "t")["origin_note"] == note
 
 
-def test_a_merged_handwritten_folder_may_say_its_head_is_unknown():
+def test_a_merged_folder_may_say_its_head_is_unknown():
     without = {k: v for k, v in VALID.items() if k != "head_sha"}
     merged = {**without, "merge_sha": "53abe744b5e8d043a06e54cfaef44cbe23b1e2ca"}
     assert manifest_problems({**merged, "head_unknown": True}) == []
     problems = manifest_problems({**merged, "head_unknown": "yes"})
     assert [p.split(" ")[0] for p in problems] == ["head_sha", "head_unknown"]
     assert problems[1].startswith("head_unknown must be true")
-    (problem,) = manifest_problems({**merged, "head_unknown": True, "origin": "synced"})
+    # --from-pr on a plain clone: upstream's text at a squash merge whose head is not there.
+    assert manifest_problems({**merged, "head_unknown": True, "origin": "synced"}) == []
+    # Not merged: nothing but the head names the change.
+    (problem,) = manifest_problems({**without, "head_unknown": True, "origin": "synced"})
     assert problem.startswith("head_sha is missing")

@@ -243,9 +243,32 @@ def status(only: str | Iterable[str] | None = None) -> list[Report]:
     """Decide each backport and say what ``apply`` would do; changes nothing."""
     ids = _selection(only)
     _warn_unknown_skips()
+    chosen = select(ids)
     with one_look():
-        reports = _shadowed([_status_one(spec) for spec in select(ids)])
-    return _sourced(reports) + _withheld(ids, Action.WOULD_SKIP)
+        reports = _shadowed([_status_one(spec) for spec in _with_rivals(chosen)])
+    # ``--only``: the rivals were probed for what a job does with the chosen, not shown.
+    by_id = {report.id: report for report in reports}
+    return _sourced([by_id[spec.id] for spec in chosen]) + _withheld(ids, Action.WOULD_SKIP)
+
+
+def _static_targets(spec: BackportSpec) -> set[str]:
+    """Every "module.attribute" a spec may patch, read from the catalog (nothing imported)."""
+    return {f"{module}.{t.attribute}" for t in spec.targets for module in t.modules}
+
+
+def _with_rivals(chosen: list[BackportSpec]) -> list[BackportSpec]:
+    """``chosen`` and every other entry that may patch one of their targets, in catalog
+    order: a job applies them all, and one earlier on a shared target installs first, so
+    ``status --only`` (and ``check --only``) must judge the chosen beside them."""
+    wanted = {spec.id for spec in chosen}
+    every = list(entries())
+    if wanted == {spec.id for spec in every}:
+        return every
+    targets = set().union(*(_static_targets(spec) for spec in chosen))
+    kept = [s for s in every if s.id in wanted or _static_targets(s) & targets]
+    listed = {spec.id for spec in kept}
+    # An id ``entries`` lacks (none today) keeps the order it was given in, after the rest.
+    return kept + [spec for spec in chosen if spec.id not in listed]
 
 
 def _resolved_targets(report: Report) -> set[str]:

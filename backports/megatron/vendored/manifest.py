@@ -10,9 +10,9 @@ nor an empty file blamed on an edited vendored file.
 or, for an entry with several targets, a list of such names in the catalog's target order
 (the first is the one a sync reads upstream). ``head_sha`` may be left out only by a
 handwritten folder of an open pull request (no ``merge_sha``) whose head is not known, or by
-a handwritten folder of a merged one that says ``head_unknown = true`` (a squash merge
-whose head no available clone holds); its ``origin_note`` says so, and git ancestry then
-checks ``merge_sha`` alone, or nothing.
+a folder of a merged one that says ``head_unknown = true`` (a squash merge whose head no
+available clone holds: handwritten, or derived by ``--from-pr`` from a plain clone); its
+``origin_note`` says so, and git ancestry then checks ``merge_sha`` alone, or nothing.
 """
 
 import json
@@ -231,7 +231,8 @@ def manifest_problems(data: Mapping[str, Any], *, hashes_required: bool = True) 
     problems = [f"{key} is missing" for key in REQUIRED if key not in data and key not in optional]
     handwritten = data.get("origin") == "handwritten"
     open_and_handwritten = handwritten and "merge_sha" not in data
-    head_unknown = handwritten and data.get("head_unknown") is True
+    # A merged pull request's head may be unknown: handwritten, or derived from a plain clone.
+    head_unknown = "merge_sha" in data and data.get("head_unknown") is True
     if "head_sha" not in data and not (open_and_handwritten or head_unknown):
         problems.append(
             "head_sha is missing (only a handwritten folder of an open pull request, or one "

@@ -14,6 +14,7 @@ from .errors import BadInput, Refused
 
 _SHA = re.compile(r"[0-9a-f]{40}")
 _PULL_HEAD = re.compile(r"refs/pull/(\d+)/head")
+_BLAME_HEADER = re.compile(r"^([0-9a-f]{40}) \d+ \d+", re.MULTILINE)
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", re.MULTILINE)
 # Where a clone keeps main: a mirror (bare) or a working clone of it.
 _MAIN_REFS = ("refs/heads/main", "refs/remotes/origin/main", "refs/heads/master")
@@ -89,6 +90,29 @@ class Clone:
         except Exception:
             return False
         return True
+
+    def on_first_parent_line(self, sha: str, ref: str) -> bool:
+        """Whether ``sha`` is one of ``ref``'s own commits (its first-parent chain): a squash
+        or merge commit landed there, not a commit of a branch merged into it."""
+        if not _SHA.fullmatch(sha):
+            return False
+        try:
+            out = str(self.git.rev_list("--first-parent", ref, "--not", f"{sha}^@", "--"))
+        except Exception:
+            return False
+        return sha in out.split()
+
+    def last_changed(self, sha: str, path: str, first: int, last: int) -> list[str]:
+        """The commits that last changed lines ``first..last`` of ``path`` at ``sha`` (git
+        blame), newest first, each once; [] where blame cannot tell."""
+        if not _SHA.fullmatch(sha) or path.startswith("-") or not 0 < first <= last:
+            return []
+        try:
+            out = str(self.git.blame("--porcelain", "-L", f"{first},{last}", sha, "--", path))
+        except Exception:
+            return []
+        found = dict.fromkeys(m.group(1) for m in _BLAME_HEADER.finditer(out))
+        return sorted(found, key=lambda c: -int(self.repo.commit(c).committed_date))
 
     def merge_base(self, a: str, b: str) -> str | None:
         try:

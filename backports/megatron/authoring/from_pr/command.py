@@ -23,10 +23,11 @@ from . import _tool, child
 from .budget import check_budget
 from .clone import open_clone
 from .derivation import Derivation, Names
-from .errors import BadInput, FromPrError, NotProven
+from .errors import AlreadyPresent, BadInput, FromPrError, NotProven
 from .locate import installed_distribution, locate, refuse_uncarried_files
 from .merge import Conflict
 from .plugin import write_plugin
+from .present import already_present
 from .prove import prove, upstream_tests
 from .report import report_lines
 from .resolve import resolve_pull_request
@@ -114,6 +115,11 @@ def _derive(d: Derivation, number: int, scratch: Path, staging: Path, keep: bool
     d.title = re.sub(rf"\s*\(#{number}\)\s*$", "", clone.subject(pr.new.sha))
     d.changes = changes = step("symbols", lambda: changed_symbols(clone, pr))
     d.located = step("locate", lambda: locate(changes.symbols, clone, pr, installed))
+    if already_present(d.located, clone, pr, installed):
+        raise AlreadyPresent(
+            f"{installed.name} {installed.version} already has #{number}'s change "
+            "(every symbol it changes reads as its fixed text): nothing to carry, nothing written"
+        )
     refuse_uncarried_files(changes.other_files, installed, number)
     d.figures = check_budget(d.located)
     try:
@@ -245,11 +251,13 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 1
     except FromPrError as exc:
-        if d is not None and d.pr is not None:
+        # Nothing to carry (exit 0) is one line: the report would list what must be written.
+        if d is not None and d.pr is not None and exc.exit_code != 0:
             _print_report(d)
         first, *rest = str(exc).splitlines()
         written = "" if exc.exit_code != 1 else "; nothing written"
-        print(f"backports new: {first.rstrip(':')}{written}", file=sys.stderr)
+        where = sys.stdout if exc.exit_code == 0 else sys.stderr  # nothing to do: no error
+        print(f"backports new: {first.rstrip(':')}{written}", file=where)
         for line in rest:  # a merge conflict's hunk
             print(f"  {line}", file=sys.stderr)
         return exc.exit_code

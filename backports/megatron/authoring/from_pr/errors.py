@@ -3,7 +3,8 @@
 ``BadInput`` (exit 2): the arguments cannot be acted on (no such clone, a destination that
 exists). ``Refused`` (exit 1, nothing written): the pull request is not in the clone, or the
 fix is too big to carry. ``NotProven`` (exit 1): a step could not show the backport works;
-``--keep-unfinished`` writes what was derived so far.
+``--keep-unfinished`` writes what was derived so far. ``AlreadyPresent`` (exit 0): the
+installed release already has the change; nothing is written.
 """
 
 from ...errors import BackportError
@@ -21,6 +22,13 @@ class BadInput(FromPrError):
 
 class Refused(FromPrError):
     """Nothing to derive: the pull request is not there, or too big to carry."""
+
+
+class AlreadyPresent(FromPrError):
+    """The installed release already has the pull request's change: nothing to carry, so
+    nothing is written, and that is no failure (exit 0)."""
+
+    exit_code = 0
 
 
 class NotProven(FromPrError):

@@ -19,6 +19,15 @@ _MARKERS = ("<<<<<<< ", "||||||| ", "=======", ">>>>>>> ")
 class Conflict(NotProven):
     """A hunk of the pull request does not apply to the installed text (shown)."""
 
+    def base_lines(self) -> list[str]:
+        """The pull request's base side of the first conflicting hunk (diff3's middle)."""
+        lines = str(self).splitlines()
+        start = next((i for i, line in enumerate(lines) if line.startswith(_MARKERS[1])), None)
+        if start is None:
+            return []
+        end = next((i for i in range(start, len(lines)) if lines[i] == _MARKERS[2]), start + 1)
+        return lines[start + 1 : end]
+
 
 def _first_conflict(text: str) -> str:
     lines = text.splitlines()

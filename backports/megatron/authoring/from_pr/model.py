@@ -16,7 +16,7 @@ class Commit:
 @dataclass(frozen=True)
 class PullRequest:
     number: int
-    head: Commit
+    head: Commit | None  # None: a squash merge in a clone without refs/pull/N/head
     merge: Commit | None  # None while the pull request is open
     base: Commit  # merge^ (a squash merge), or merge-base(head, main) (open)
     main_ref: str
@@ -25,7 +25,9 @@ class PullRequest:
     @property
     def new(self) -> Commit:
         """The side of the pull request's change: the merge commit, else its head."""
-        return self.merge or self.head
+        side = self.merge or self.head
+        assert side is not None  # resolve_pull_request refuses a pull request with neither
+        return side
 
 
 # Shapes a function swap carries; any other changed symbol is outside what a backport holds.

@@ -34,7 +34,12 @@ def _title_doc(title: str) -> str:
 def _origin_note(d: Derivation) -> str:
     assert d.pr is not None and d.vendored is not None
     merged = [t.attribute for t in d.vendored.targets if t.merged]
-    head = f"head {d.pr.head.sha[:12]} ({'verified' if d.pr.head.verified else 'not verified'})"
+    pr_head = d.pr.head
+    head = (
+        f"head {pr_head.sha[:12]} ({'verified' if pr_head.verified else 'not verified'})"
+        if pr_head is not None
+        else "head not known (the clone has no refs/pull/N/head; a squash merge)"
+    )
     merge = (
         f"merge {d.pr.merge.sha[:12]} ({'verified' if d.pr.merge.verified else 'NOT verified'})"
         if d.pr.merge
@@ -64,8 +69,11 @@ def manifest(d: Derivation, text: str, folder_digest: str) -> dict[str, Any]:
         "id": d.names.id,
         "repo": d.repo_url,
         "pr": d.pr.number,
-        "head_sha": d.pr.head.sha,
     }
+    if d.pr.head is not None:
+        data["head_sha"] = d.pr.head.sha
+    else:  # a plain clone: the squash merge is known, the head it squashed is not
+        data["head_unknown"] = True
     if d.pr.merge is not None:
         data["merge_sha"] = d.pr.merge.sha
     data.update(

@@ -9,30 +9,59 @@
 A merge commit (an octopus too) titled ``(#N)`` is used only where it merges the pull
 request's head and nothing else new: else it is refused, never used "NOT verified".
 
+A plain ``git clone`` has main's history but no ``refs/pull/*``: a merged pull request
+resolves from main alone (the commit naming ``(#N)`` on main's first-parent line, its parent
+the base; a merge commit's second parent stands for the head, a squash merge's head is then
+not known). Only an open pull request needs ``refs/pull/N/head``: its refusal (exit 2)
+prints the command that fetches it.
+
 A number above the clone's newest pull ref is refused in one line: the clone predates it.
 """
 
 import re
 
 from .clone import Clone
-from .errors import BadInput, Refused
+from .errors import BadInput, FromPrError, Refused
 from .model import Commit, PullRequest
 
 
-def _head(clone: Clone, number: int) -> Commit:
+def _head(clone: Clone, number: int) -> Commit | None:
     sha = clone.ref_sha(f"refs/pull/{number}/head")
-    if sha is not None:
-        return Commit("head", sha, clone.is_commit(sha), f"refs/pull/{number}/head")
+    if sha is None:
+        return None
+    return Commit("head", sha, clone.is_commit(sha), f"refs/pull/{number}/head")
+
+
+def _no_head_nor_merge(clone: Clone, number: int, main: str) -> FromPrError:
+    """Neither merged into main here nor fetched: one line with the command that fetches it."""
+    fetch = f"git fetch origin pull/{number}/head:refs/pull/{number}/head"
     known = clone.pull_numbers()
-    if not known:
-        raise Refused(f"{clone.path} has no refs/pull/*/head: fetch the pull requests first")
-    newest = known[-1]
-    if number > newest:
-        raise Refused(
-            f"#{number} is newer than this clone (its newest pull ref is #{newest}): "
-            "fetch it first (git fetch origin '+refs/pull/*:refs/pull/*')"
+    if known and number > known[-1]:
+        return Refused(
+            f"#{number} is newer than this clone (its newest pull ref is #{known[-1]}): "
+            f"fetch it first ({fetch})"
         )
-    raise Refused(f"#{number} has no refs/pull/{number}/head in {clone.path} (not a pull request?)")
+    return BadInput(
+        f"#{number} is not merged into {main} in {clone.path}, and an open pull request needs "
+        f"its head: {fetch}"
+    )
+
+
+def _head_of_merge_commit(clone: Clone, number: int, merge: Commit) -> Commit | None:
+    """Without refs/pull/N/head, a merge commit's second parent is the branch it brought in."""
+    parents = clone.parents(merge.sha)
+    if len(parents) < 2:
+        return None
+    how = f"merge^2 (the branch the merge brings in; this clone has no refs/pull/{number}/head)"
+    return Commit("head", parents[1], True, how)
+
+
+def _merge_on_main_line(clone: Clone, number: int, merge: Commit, main: str) -> Commit:
+    """A squash merge with no head to compare with: verified by landing on main itself."""
+    lacks = f"its head is not in this clone (no refs/pull/{number}/head), not needed once merged"
+    if clone.on_first_parent_line(merge.sha, main):
+        return Commit(merge.role, merge.sha, True, f"{merge.how}, first-parent on {main}; {lacks}")
+    return Commit(merge.role, merge.sha, False, f"{merge.how}, NOT first-parent on {main}; {lacks}")
 
 
 def _merge(clone: Clone, number: int, main: str) -> tuple[Commit | None, tuple[str, ...]]:
@@ -52,12 +81,13 @@ def _merge(clone: Clone, number: int, main: str) -> tuple[Commit | None, tuple[s
     return Commit("merge", sha, clone.is_commit(sha), how), twins
 
 
-def _base(clone: Clone, head: Commit, merge: Commit | None, main: str) -> Commit:
+def _base(clone: Clone, head: Commit | None, merge: Commit | None, main: str) -> Commit:
     if merge is not None:
         parents = clone.parents(merge.sha)
         if not parents:
             raise Refused(f"the merge {merge.sha} has no parent to diff against")
         return Commit("base", parents[0], True, "merge^ (the squash merge's parent)")
+    assert head is not None  # resolve_pull_request refuses neither merged nor fetched
     sha = clone.merge_base(head.sha, main)
     if sha is None:
         raise Refused(f"refs/pull/{head.how} shares no history with {main}")
@@ -114,9 +144,15 @@ def resolve_pull_request(clone: Clone, number: int) -> PullRequest:
     main = clone.main_ref()
     head = _head(clone, number)
     merge, twins = _merge(clone, number, main)
+    if head is None and merge is None:
+        raise _no_head_nor_merge(clone, number, main)
+    if head is None and merge is not None:
+        head = _head_of_merge_commit(clone, number, merge)
     base = _base(clone, head, merge, main)
-    if merge is not None and len(clone.parents(merge.sha)) > 1:
+    if merge is not None and head is None:
+        merge = _merge_on_main_line(clone, number, merge, main)
+    elif merge is not None and head is not None and len(clone.parents(merge.sha)) > 1:
         merge = _merge_commit_checked(clone, number, merge, head)
-    elif merge is not None:
+    elif merge is not None and head is not None:
         merge = _merge_checked(clone, merge, head, base)
     return PullRequest(number, head, merge, base, main, twins)

@@ -21,7 +21,7 @@ from .clone import Clone
 from .errors import NotProven, Refused
 from .locate import Installed, module_of, segment
 from .merge import Conflict, merge_symbol
-from .model import Located, PullRequest
+from .model import Located, PullRequest, Symbol
 from .units import map_units
 
 _STATIC = ("staticmethod", "classmethod")
@@ -137,7 +137,7 @@ def _merged_source(loc: Located, clone: Clone, pr: PullRequest, installed: Insta
     base = segment(base_text, map_units(base_text), symbol.qualname)
     new = segment(new_text, map_units(new_text), symbol.qualname)
     assert mine is not None and base is not None and new is not None
-    merged = merge_symbol(mine, base, new, symbol.shown)
+    merged = _merge_naming_blame(mine, base, new, symbol, clone, pr, base_text)
     scope = units.scope(loc.qualname)
     assert scope is not None
     lines = text.splitlines(keepends=True)
@@ -222,6 +222,46 @@ def _plan(
     return plan
 
 
+def _merge_naming_blame(
+    mine: str, base: str, new: str, symbol: Symbol, clone: Clone, pr: PullRequest, base_text: str
+) -> str:
+    """``merge_symbol``; a conflict also names the upstream commits (and their pull
+    requests) that last changed the base lines of its first hunk: the change the installed
+    release lacks, which this one needs first."""
+    try:
+        return merge_symbol(mine, base, new, symbol.shown)
+    except Conflict as exc:
+        blamed = _blamed(exc, base, symbol, clone, pr, base_text)
+        if not blamed:
+            raise
+        first, _, hunk = str(exc).partition("\n")
+        needs = f"; those lines were last changed upstream by {blamed}: carry that first"
+        raise Conflict(f"{first}{needs}\n{hunk}") from exc
+
+
+def _blamed(
+    exc: Conflict, base: str, symbol: Symbol, clone: Clone, pr: PullRequest, base_text: str
+) -> str:
+    """``abc123def456 (#6252), ...`` for the base lines of ``exc``'s first hunk; "" if none."""
+    wanted = exc.base_lines()
+    scope = map_units(base_text).scope(symbol.qualname)
+    ours = base.splitlines()
+    at = next(
+        (i for i in range(len(ours) - len(wanted) + 1) if ours[i : i + len(wanted)] == wanted),
+        None,
+    )
+    if not wanted or scope is None or at is None:
+        return ""
+    first = scope.first + at
+    path = symbol.old_path or symbol.path
+    commits = clone.last_changed(pr.base.sha, path, first, first + len(wanted) - 1)
+    names = []
+    for sha in commits[:3]:
+        number = re.search(r"\(#(\d+)\)\s*$", clone.subject(sha))
+        names.append(f"{sha[:12]} (#{number.group(1)})" if number else sha[:12])
+    return ", ".join(names)
+
+
 def _merge_into(source: str, loc: Located, clone: Clone, pr: PullRequest) -> str:
     """``source`` (already merged for another symbol) with ``loc``'s hunks merged in."""
     symbol = loc.symbol
@@ -235,7 +275,7 @@ def _merge_into(source: str, loc: Located, clone: Clone, pr: PullRequest) -> str
     scope = units.scope(symbol.qualname)
     assert scope is not None
     lines = source.splitlines(keepends=True)
-    merged = merge_symbol(mine, base, new, symbol.shown)
+    merged = _merge_naming_blame(mine, base, new, symbol, clone, pr, base_text)
     return "".join(lines[: scope.first - 1]) + merged + "".join(lines[scope.last :])
 
 
