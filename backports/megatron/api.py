@@ -16,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 
 from . import switches
 from .catalog import entries, origin, select, select_withheld, source, withheld
-from .decision import Decision, decide, verdict_cache
+from .decision import Decision, decide, start_children_early, verdict_cache
 from .errors import BackportError
 from .evidence.one_look import one_look
 from .evidence.versions import release_predates
@@ -244,7 +244,9 @@ def status(only: str | Iterable[str] | None = None) -> list[Report]:
     ids = _selection(only)
     _warn_unknown_skips()
     with one_look():
-        reports = _shadowed([_status_one(spec) for spec in select(ids)])
+        selected = select(ids)
+        start_children_early([spec for spec in selected if disabled_reason(spec) is None])
+        reports = _shadowed([_status_one(spec) for spec in selected])
     return _sourced(reports) + _withheld(ids, Action.WOULD_SKIP)
 
 

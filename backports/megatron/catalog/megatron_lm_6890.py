@@ -19,9 +19,7 @@ import hashlib
 import importlib.util
 import json
 import os
-import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -29,6 +27,7 @@ from typing import TypedDict
 
 from packaging.version import Version
 
+from ..interpreter.children import run_python_file
 from ..kinds.module_attribute import ModuleAttribute
 from ..model import VENDOR_PACKAGE, BackportSpec, ResolvedTarget, SniffFailed, SniffResult
 
@@ -83,19 +82,13 @@ def kernels_in_child(sets: dict[str, dict[str, tuple[str, str]]]) -> ChildAnswer
     """Run each set of kernels (label -> kernel name -> (module, attribute)) in one fresh
     interpreter under ``TRITON_INTERPRET=1``: isolated (``-I``), in a private working
     folder, on this process's ``sys.path``, with the backports off there."""
-    request = {"sys_path": [p for p in sys.path if p], "sets": sets}
+    searched = [p for p in sys.path if p]
+    request = {"sys_path": searched, "sets": sets}
     env = {**os.environ, "TRITON_INTERPRET": "1", "MEGATRON_BACKPORTS": "0"}
-    command = [sys.executable, "-I", str(_CHILD), json.dumps(request)]
-    with tempfile.TemporaryDirectory(prefix="megatron-lm-6890-") as folder:
-        done = subprocess.run(
-            command,
-            env=env,
-            cwd=folder,
-            capture_output=True,
-            text=True,
-            timeout=_CHILD_TIMEOUT_S,
-            check=False,
-        )
+    # Forked from the zygote (torch imported once) where it can stand for a fresh child.
+    done = run_python_file(
+        _CHILD, [json.dumps(request)], env=env, timeout=_CHILD_TIMEOUT_S, path=searched
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("SNIFF ")]
     if done.returncode != 0 or len(lines) != 1:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
