@@ -92,7 +92,12 @@ def test_a_path_that_finds_another_torch_gets_a_plain_child(tmp_path):
 
 def test_switched_off_every_child_is_a_plain_one(monkeypatch):
     monkeypatch.setenv("MEGATRON_BACKPORTS_ZYGOTE", "0")
-    assert zygote.run("pass", "<string>", "-c", [], path=sys.path, env={}, timeout=5) is None
+    assert (
+        zygote.run(
+            "pass", "<string>", "-c", [], path=sys.path, env={}, timeout=5, base_path=sys.path
+        )
+        is None
+    )
     done = children.run_python(_SEEN, shared_imports=True, timeout=600)
     assert json.loads(done.stdout)["torch"] is False  # a fresh interpreter
 

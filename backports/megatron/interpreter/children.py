@@ -75,7 +75,14 @@ def run_python(
         environ["MEGATRON_BACKPORTS"] = "0"
     if shared_imports and not backports:
         done = zygote.run(
-            _PRELUDE + script, "<string>", "-c", args, path=searched, env=environ, timeout=timeout
+            _PRELUDE + script,
+            "<string>",
+            "-c",
+            args,
+            path=searched,
+            env=environ,
+            timeout=timeout,
+            base_path=child_path(),
         )
         if done is not None:
             return done
@@ -112,6 +119,7 @@ def run_python_file(
         path=searched,
         env=env,
         timeout=timeout,
+        base_path=child_path(),
     )
     if done is not None:
         return done

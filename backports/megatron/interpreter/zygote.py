@@ -221,14 +221,17 @@ def run(
     path: Sequence[str],
     env: Mapping[str, str],
     timeout: float,
+    base_path: Sequence[str],
 ) -> "subprocess.CompletedProcess[str] | None":
     """``source`` (read from ``filename``, or ``"<string>"``) run as ``__main__`` in a
     grandchild of the zygote, ``sys.argv`` being ``[argv0, *args]``, ``sys.path`` ``path``,
     its environment ``env``: as ``subprocess.run`` answers; None where the zygote cannot
-    stand for a plain ``python -I`` child. Raises ``subprocess.TimeoutExpired``."""
+    stand for a plain ``python -I`` child. ``base_path``: where a zygote started now finds
+    torch (the caller's path, without what one request puts first). Raises
+    ``subprocess.TimeoutExpired``."""
     if _off():
         return None
-    zygote = _zygote(env, path)
+    zygote = _zygote(env, base_path)
     if zygote is None or not zygote.serves(path, env, timeout):
         return None
     request = {
