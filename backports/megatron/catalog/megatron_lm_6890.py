@@ -20,6 +20,7 @@ import importlib.util
 import json
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -122,22 +123,36 @@ def _key(addresses: dict[str, tuple[str, str]]) -> tuple[object, ...]:
     return key + tuple((module, _file_sha256(module)) for module in modules)
 
 
+# The sniffs on the installed and on the vendored kernels run side by side (two threads):
+# the first to ask starts the one child that judges both sets, the other waits for it.
+_ASKING = threading.Lock()
+
+
 def _seen(addresses: dict[str, tuple[str, str]]) -> SetSeen:
-    """What a child saw of these kernels. The child that judges the installed kernels judges
-    the vendored ones too (the probe asks for them next), for one import of torch."""
-    key = _key(addresses)
-    if key not in _SEEN:
-        sets = {"asked": addresses}
-        vendored = {name: (_VENDORED, name) for name in KERNELS}
-        if addresses != vendored and _file_sha256(_VENDORED) is not None:
-            sets["vendored"] = vendored
-        seen = kernels_in_child(sets)
-        for label, run in seen["sets"].items():
-            _SEEN[_key(sets[label])] = {**run, "megatron": seen.get("megatron")}
-    seen = json.loads(json.dumps(_SEEN[key]))
+    """What a child saw of these kernels. One child judges the installed kernels and the
+    vendored ones (the probe asks for both), for one import of torch and megatron."""
+    with _ASKING:
+        key = _key(addresses)
+        if key not in _SEEN:
+            sets = {"asked": addresses, **_the_other_set(addresses)}
+            seen = kernels_in_child(sets)
+            for label, run in seen["sets"].items():
+                _SEEN[_key(sets[label])] = {**run, "megatron": seen.get("megatron")}
+        seen = json.loads(json.dumps(_SEEN[key]))
     if "error" in seen:
         raise SniffFailed(f"the kernel child could not run them: {seen['error']}")
     return seen  # type: ignore[no-any-return]
+
+
+def _the_other_set(addresses: dict[str, tuple[str, str]]) -> dict[str, dict[str, tuple[str, str]]]:
+    """The set the probe asks for next: the vendored kernels after any other set, the
+    installed ones after the vendored."""
+    vendored = {name: (_VENDORED, name) for name in KERNELS}
+    if addresses == vendored:
+        return {"installed": {name: (_MODULE, name) for name in KERNELS}}
+    if _file_sha256(_VENDORED) is not None:
+        return {"vendored": vendored}
+    return {}
 
 
 def _judge(kernels: KernelRuns) -> dict[str, bool]:
