@@ -190,6 +190,46 @@ def test_one_child_judges_the_installed_and_the_rebuilt_kernels(
     assert sets["vendored"] == {name: (entry_module._VENDORED, name) for name in KERNELS}
 
 
+def _sniff_into(results: dict[str, bool], name: str, targets: Any) -> None:
+    results[name] = ENTRY.sniff(targets).fixed
+
+
+def test_the_two_sniffs_side_by_side_start_one_child(monkeypatch, targets, rebuilt_targets):
+    """``decide`` runs the sniff on the installed and on the vendored kernels in two threads
+    at once; whichever asks first, one child judges both sets (issue 43)."""
+    import threading
+
+    asked: list[dict[str, Any]] = []
+
+    def child(sets: dict[str, Any]) -> dict[str, Any]:
+        asked.append(sets)
+        time.sleep(0.2)  # a child takes seconds: the other thread asks meanwhile
+        runs = {
+            "asked": None,
+            "installed": {"kernels": _seen(set())},
+            "vendored": {"kernels": _seen(set(KERNELS))},
+        }
+        first = "vendored" if "installed" in sets else "installed"
+        runs["asked"] = runs[first]
+        return {"sets": {label: runs[label] for label in sets}, "megatron": "here"}
+
+    monkeypatch.setattr(entry_module, "kernels_in_child", child)
+    for first, second in ((targets, rebuilt_targets), (rebuilt_targets, targets)):
+        monkeypatch.setattr(entry_module, "_SEEN", {})
+        asked.clear()
+        results: dict[str, bool] = {}
+        threads = [
+            threading.Thread(target=_sniff_into, args=(results, "first", first)),
+            threading.Thread(target=_sniff_into, args=(results, "second", second)),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(asked) == 1, asked
+        assert results == {"first": first is rebuilt_targets, "second": second is rebuilt_targets}
+
+
 def test_a_set_the_child_could_not_run_fails_the_sniff(monkeypatch, targets):
     def child(sets: dict[str, Any]) -> dict[str, Any]:
         return {"sets": {label: {"error": "SourceRuleRefused: x"} for label in sets}}

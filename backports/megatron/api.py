@@ -16,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 
 from . import switches
 from .catalog import entries, origin, select, select_withheld, source, withheld
-from .decision import Decision, decide, verdict_cache
+from .decision import Decision, decide, start_children_early, verdict_cache
 from .errors import BackportError
 from .evidence.one_look import one_look
 from .evidence.versions import release_predates
@@ -245,7 +245,9 @@ def status(only: str | Iterable[str] | None = None) -> list[Report]:
     _warn_unknown_skips()
     chosen = select(ids)
     with one_look():
-        reports = _shadowed([_status_one(spec) for spec in _with_rivals(chosen)])
+        judged = _with_rivals(chosen)
+        start_children_early([spec for spec in judged if disabled_reason(spec) is None])
+        reports = _shadowed([_status_one(spec) for spec in judged])
     # ``--only``: the rivals were probed for what a job does with the chosen, not shown.
     by_id = {report.id: report for report in reports}
     return _sourced([by_id[spec.id] for spec in chosen]) + _withheld(ids, Action.WOULD_SKIP)

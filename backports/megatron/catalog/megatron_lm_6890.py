@@ -19,9 +19,8 @@ import hashlib
 import importlib.util
 import json
 import os
-import subprocess
 import sys
-import tempfile
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -29,6 +28,7 @@ from typing import TypedDict
 
 from packaging.version import Version
 
+from ..interpreter.children import run_python_file
 from ..kinds.module_attribute import ModuleAttribute
 from ..model import VENDOR_PACKAGE, BackportSpec, Renamed, ResolvedTarget, SniffFailed, SniffResult
 
@@ -94,19 +94,13 @@ def kernels_in_child(sets: dict[str, dict[str, tuple[str, str]]]) -> ChildAnswer
     """Run each set of kernels (label -> kernel name -> (module, attribute)) in one fresh
     interpreter under ``TRITON_INTERPRET=1``: isolated (``-I``), in a private working
     folder, on this process's ``sys.path``, with the backports off there."""
-    request = {"sys_path": [p for p in sys.path if p], "sets": sets}
+    searched = [p for p in sys.path if p]
+    request = {"sys_path": searched, "sets": sets}
     env = {**os.environ, "TRITON_INTERPRET": "1", "MEGATRON_BACKPORTS": "0"}
-    command = [sys.executable, "-I", str(_CHILD), json.dumps(request)]
-    with tempfile.TemporaryDirectory(prefix="megatron-lm-6890-") as folder:
-        done = subprocess.run(
-            command,
-            env=env,
-            cwd=folder,
-            capture_output=True,
-            text=True,
-            timeout=_CHILD_TIMEOUT_S,
-            check=False,
-        )
+    # Forked from the zygote (torch imported once) where it can stand for a fresh child.
+    done = run_python_file(
+        _CHILD, [json.dumps(request)], env=env, timeout=_CHILD_TIMEOUT_S, path=searched
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("SNIFF ")]
     if done.returncode != 0 or len(lines) != 1:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
@@ -140,22 +134,36 @@ def _key(addresses: dict[str, tuple[str, str]]) -> tuple[object, ...]:
     return key + tuple((module, _file_sha256(module)) for module in modules)
 
 
+# The sniffs on the installed and on the vendored kernels run side by side (two threads):
+# the first to ask starts the one child that judges both sets, the other waits for it.
+_ASKING = threading.Lock()
+
+
 def _seen(addresses: dict[str, tuple[str, str]]) -> SetSeen:
-    """What a child saw of these kernels. The child that judges the installed kernels judges
-    the vendored ones too (the probe asks for them next), for one import of torch."""
-    key = _key(addresses)
-    if key not in _SEEN:
-        sets = {"asked": addresses}
-        vendored = {name: (_VENDORED, name) for name in KERNELS}
-        if addresses != vendored and _file_sha256(_VENDORED) is not None:
-            sets["vendored"] = vendored
-        seen = kernels_in_child(sets)
-        for label, run in seen["sets"].items():
-            _SEEN[_key(sets[label])] = {**run, "megatron": seen.get("megatron")}
-    seen = json.loads(json.dumps(_SEEN[key]))
+    """What a child saw of these kernels. One child judges the installed kernels and the
+    vendored ones (the probe asks for both), for one import of torch and megatron."""
+    with _ASKING:
+        key = _key(addresses)
+        if key not in _SEEN:
+            sets = {"asked": addresses, **_the_other_set(addresses)}
+            seen = kernels_in_child(sets)
+            for label, run in seen["sets"].items():
+                _SEEN[_key(sets[label])] = {**run, "megatron": seen.get("megatron")}
+        seen = json.loads(json.dumps(_SEEN[key]))
     if "error" in seen:
         raise SniffFailed(f"the kernel child could not run them: {seen['error']}")
     return seen  # type: ignore[no-any-return]
+
+
+def _the_other_set(addresses: dict[str, tuple[str, str]]) -> dict[str, dict[str, tuple[str, str]]]:
+    """The set the probe asks for next: the vendored kernels after any other set, the
+    installed ones after the vendored."""
+    vendored = {name: (_VENDORED, name) for name in KERNELS}
+    if addresses == vendored:
+        return {"installed": {name: (_MODULE, name) for name in KERNELS}}
+    if _file_sha256(_VENDORED) is not None:
+        return {"vendored": vendored}
+    return {}
 
 
 def _judge(kernels: KernelRuns) -> dict[str, bool]:

@@ -71,9 +71,9 @@ def import_in_child(guard: MegatronFunction, first_on_path: Path) -> dict[str, o
     ``first_on_path`` ahead of this process's own path (so the child sees the megatron-core
     this process probes: ``audit`` puts a candidate first); the backports are off there."""
     path = child_path([str(first_on_path)])
-    done = run_python(
-        _CHILD, [guard.__module__, guard.__qualname__, _MODULE], path=path, timeout=_CHILD_TIMEOUT_S
-    )
+    args = [guard.__module__, guard.__qualname__, _MODULE]
+    # Forked from the zygote (torch imported once): the attention module is imported afresh.
+    done = run_python(_CHILD, args, path=path, timeout=_CHILD_TIMEOUT_S, shared_imports=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("SNIFF ")]
     if done.returncode != 0 or len(lines) != 1:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]

@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any, cast
 
 from ..evidence.fingerprints import offering_imports
-from ..interpreter import children
+from ..interpreter import children, zygote
 from ..kinds import Kind, Resolved, TargetMissing, kind_of
 from ..local_changes import wrap_all
 from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec, SniffResult
@@ -43,6 +43,7 @@ __all__ = [
     "decide",
     "sniff_vendored",
     "sniffs_in_this_thread",
+    "start_children_early",
 ]
 
 _LOG = logging.getLogger(__name__)
@@ -261,6 +262,20 @@ def _proved_once(
             decision = _sniffed(spec, mode, early, targets, True)
             _keep(spec, key, decision)
     return decision
+
+
+def start_children_early(specs: Sequence[BackportSpec]) -> None:
+    """Start the zygote (``interpreter.zygote``: torch imported once for every sniff child)
+    now, beside the in-process work, when one of ``specs`` sniffs in children and the proof
+    store holds no verdict on it: its seconds of imports overlap this process's own."""
+    for spec in specs:
+        in_child = spec.sniff_in_child or any(kind_of(t).sniff_in_child for t in spec.targets)
+        if in_child and not verdict_cache.stored_for(spec):
+            try:
+                zygote.start(children.child_path())
+            except OSError as exc:  # an optimisation only: a sniff starts its own child
+                _LOG.debug("the zygote did not start: %r", exc)
+            return
 
 
 def cache_key(

@@ -219,6 +219,17 @@ def file_name(spec: BackportSpec) -> str:
     return f"{spec.id}.{hashlib.sha256(named.encode()).hexdigest()[:12]}.json"
 
 
+def stored_for(spec: BackportSpec) -> bool:
+    """Whether the store holds a verdict on ``spec`` for this environment (for any key):
+    cheap, reading no file; False when the store is off."""
+    if not enabled():
+        return False
+    try:
+        return any((folder / file_name(spec)).is_file() for folder in read_folders())
+    except OSError:
+        return False
+
+
 def _untrusted(path: Path | str, status: os.stat_result) -> str | None:
     """Why another user could have written ``path``, or None. Ours, not writable by every
     user; or, inside the environment, owned by whoever owns the environment's code (root in

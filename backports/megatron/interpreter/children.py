@@ -16,6 +16,9 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from . import zygote
 
 PATH_VARIABLE = "MEGATRON_BACKPORTS_CHILD_PATH"
 
@@ -55,22 +58,76 @@ def run_python(
     env: Mapping[str, str] | None = None,
     backports: bool = False,
     timeout: float,
+    shared_imports: bool = False,
 ) -> "subprocess.CompletedProcess[str]":
     """Run ``script`` in ``python -I`` with ``args``, searching ``path`` (default:
     ``child_path()``), in a private empty working directory; output captured as text.
 
     ``env``: the environment (default: this process's); ``backports``: leave the backports
     to the environment's switches (default: off, ``MEGATRON_BACKPORTS=0``).
+    ``shared_imports``: a sniff's child, forked from the zygote that imported torch once
+    (``interpreter.zygote``) where it can stand for a fresh one (backports off only).
     """
     environ = dict(os.environ if env is None else env)
-    environ[PATH_VARIABLE] = json.dumps(list(child_path() if path is None else path))
+    searched = list(child_path() if path is None else path)
+    environ[PATH_VARIABLE] = json.dumps(searched)
     if not backports:
         environ["MEGATRON_BACKPORTS"] = "0"
+    if shared_imports and not backports:
+        done = zygote.run(
+            _PRELUDE + script,
+            "<string>",
+            "-c",
+            args,
+            path=searched,
+            env=environ,
+            timeout=timeout,
+            base_path=child_path(),
+        )
+        if done is not None:
+            return done
     with tempfile.TemporaryDirectory(prefix="megatron-backports-child-") as cwd:
         return subprocess.run(
             [sys.executable, "-I", "-c", _PRELUDE + script, *args],
             cwd=cwd,
             env=environ,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+
+def run_python_file(
+    file: Path,
+    args: Sequence[str] = (),
+    *,
+    env: Mapping[str, str],
+    timeout: float,
+    path: Sequence[str] | None = None,
+) -> "subprocess.CompletedProcess[str]":
+    """Run the script ``file`` (which sets its own ``sys.path``) in ``python -I`` with
+    ``args`` and the environment ``env``, in a private empty working directory; forked from
+    the zygote where it can stand for a fresh interpreter (``path``: what the script puts
+    on its path, default ``child_path()``)."""
+    searched = list(child_path() if path is None else path)
+    done = zygote.run(
+        file.read_text(encoding="utf-8"),
+        str(file),
+        str(file),
+        args,
+        path=searched,
+        env=env,
+        timeout=timeout,
+        base_path=child_path(),
+    )
+    if done is not None:
+        return done
+    with tempfile.TemporaryDirectory(prefix="megatron-backports-child-") as cwd:
+        return subprocess.run(
+            [sys.executable, "-I", str(file), *args],
+            env=dict(env),
+            cwd=cwd,
             capture_output=True,
             text=True,
             timeout=timeout,

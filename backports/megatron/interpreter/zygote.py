@@ -1,0 +1,253 @@
+"""One child interpreter that imports torch once, forking a fresh interpreter per sniff.
+
+Each sniff child (#6964's import of the attention module under a guard, #6890's kernels
+under ``TRITON_INTERPRET=1``) spent seconds of CPU importing torch and the parts of it
+megatron pulls in before it asked its question. The zygote (``_zygote_child.py``, started
+``-I`` in a private folder with the backports off, as every child is) imports those once,
+then forks one grandchild per request: a fresh process that takes the request's
+environment, ``sys.path``, ``argv`` and a private empty folder, and imports megatron (or
+whatever it judges) itself. ``run`` answers as ``subprocess.run`` would, or None where the
+zygote cannot stand for a plain child (another environment, a path that finds another torch,
+a triton that reads ``TRITON_INTERPRET`` only at its import, the zygote gone): the caller
+then starts a plain one. ``start()`` starts it ahead of need, beside other work.
+"""
+
+import atexit
+import contextlib
+import importlib.machinery
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .. import switches
+
+_SERVER = Path(__file__).with_name("_zygote_child.py")
+_PATH_VARIABLE = "MEGATRON_BACKPORTS_CHILD_PATH"
+# What differs between requests and decides nothing of the zygote's own imports.
+_PER_REQUEST = ("TRITON_INTERPRET", "PYTEST_CURRENT_TEST", _PATH_VARIABLE)
+_OFF = "MEGATRON_BACKPORTS"
+
+
+def _relevant(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment as the zygote's imports see it: the switches of this project are
+    read by no module it imports (and are off there), per-request values are the request's."""
+    return {
+        name: value
+        for name, value in env.items()
+        if name not in _PER_REQUEST and not name.startswith(_OFF)
+    }
+
+
+class Zygote:
+    """A started zygote: requests go in as JSON lines, answers come back on a reader thread."""
+
+    def __init__(self, env: Mapping[str, str], path: Sequence[str]) -> None:
+        self.relevant = _relevant(env)
+        self.folder = tempfile.TemporaryDirectory(prefix="megatron-backports-zygote-")
+        environ = {**env, _PATH_VARIABLE: json.dumps(list(path)), _OFF: "0"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-I", str(_SERVER)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=self.folder.name,
+            env=environ,
+            text=True,
+        )
+        self.hello: dict[str, Any] | None = None
+        self.ready = threading.Event()
+        self.lock = threading.Lock()
+        self.answers: dict[int, dict[str, Any]] = {}
+        self.events: dict[int, threading.Event] = {}
+        self.pids: dict[int, int] = {}
+        self.next_id = 0
+        self.served: dict[tuple[str, ...], bool] = {}
+        threading.Thread(target=self._read, name="backports-zygote", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("ZYGOTE "):
+                self.hello = json.loads(line[len("ZYGOTE ") :])
+                self.ready.set()
+                continue
+            message = json.loads(line)
+            with self.lock:
+                if "pid" in message:
+                    self.pids[message["id"]] = message["pid"]
+                    continue
+                self.answers[message["id"]] = message
+                event = self.events.get(message["id"])
+            if event is not None:
+                event.set()
+        with self.lock:  # gone: every waiting request is told
+            self.ready.set()
+            for event in self.events.values():
+                event.set()
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def in_flight(self) -> bool:
+        with self.lock:
+            return any(i not in self.answers for i in self.events)
+
+    def serves(self, path: Sequence[str], env: Mapping[str, str], timeout: float) -> bool:
+        """Whether a grandchild here is what a plain child would be for this request."""
+        if _relevant(env) != self.relevant or not self.ready.wait(timeout):
+            return False
+        hello = self.hello
+        if hello is None or not self.alive():
+            return False
+        if env.get("TRITON_INTERPRET") and not hello.get("interpret_live"):
+            return False
+        key = tuple(path)
+        if key not in self.served:
+            self.served[key] = _finds_the_same(hello.get("origins"), path)
+        return self.served[key]
+
+    def run(
+        self, request: dict[str, Any], timeout: float
+    ) -> "subprocess.CompletedProcess[str] | None":
+        event = threading.Event()
+        with self.lock:
+            request_id = self.next_id
+            self.next_id += 1
+            self.events[request_id] = event
+        try:
+            assert self.process.stdin is not None
+            with self.lock:
+                self.process.stdin.write(json.dumps({**request, "id": request_id}) + "\n")
+                self.process.stdin.flush()
+        except (OSError, ValueError):
+            return None
+        argv = [sys.executable, "-I", str(request["argv0"]), *map(str, request["args"])]
+        if not event.wait(timeout):
+            self._kill(request_id)
+            raise subprocess.TimeoutExpired(argv, timeout)
+        with self.lock:
+            answer = self.answers.pop(request_id, None)
+            self.events.pop(request_id, None)
+            self.pids.pop(request_id, None)
+        if answer is None:  # the zygote went away
+            return None
+        return subprocess.CompletedProcess(
+            argv, int(answer["returncode"]), str(answer["stdout"]), str(answer["stderr"])
+        )
+
+    def _kill(self, request_id: int) -> None:
+        with self.lock:
+            pid = self.pids.pop(request_id, None)
+            self.events.pop(request_id, None)
+        if pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        """Stdin closed: the zygote kills what it still runs and exits (at once if it is
+        still importing: nobody waits for it)."""
+        try:
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+            self.process.wait(timeout=2 if self.ready.is_set() else 0)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            self.process.kill()
+            self.process.wait()
+        self.folder.cleanup()
+
+
+def _finds_the_same(origins: object, path: Sequence[str]) -> bool:
+    """Whether ``path`` finds each module the zygote imported at the file it came from."""
+    if not isinstance(origins, dict):
+        return False
+    for name, origin in origins.items():
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(name, list(path))
+        except (ImportError, ValueError):
+            return False
+        if spec is None or not spec.origin or os.path.realpath(spec.origin) != origin:
+            return False
+    return True
+
+
+_LOCK = threading.Lock()
+_CURRENT: list[Zygote] = []
+
+
+def _zygote(env: Mapping[str, str], path: Sequence[str]) -> Zygote | None:
+    """The running zygote for this environment, started if there is none; None while one
+    for another environment is busy."""
+    with _LOCK:
+        current = _CURRENT[0] if _CURRENT else None
+        if current is not None and current.alive() and current.relevant == _relevant(env):
+            return current
+        if current is not None:
+            if current.alive() and current.in_flight():
+                return None
+            current.stop()
+            _CURRENT.clear()
+        started = Zygote(env, path)
+        _CURRENT.append(started)
+        return started
+
+
+def _off() -> bool:
+    """``MEGATRON_BACKPORTS_ZYGOTE=0``: every sniff child is a fresh interpreter."""
+    return not switches.flag("MEGATRON_BACKPORTS_ZYGOTE", True)
+
+
+def start(path: Sequence[str]) -> None:
+    """Start the zygote now (its imports take seconds), for sniffs asked later."""
+    if _off():
+        return
+    environ = dict(os.environ)
+    environ[_OFF] = "0"
+    _zygote(environ, path)
+
+
+def run(
+    source: str,
+    filename: str,
+    argv0: str,
+    args: Sequence[str],
+    *,
+    path: Sequence[str],
+    env: Mapping[str, str],
+    timeout: float,
+    base_path: Sequence[str],
+) -> "subprocess.CompletedProcess[str] | None":
+    """``source`` (read from ``filename``, or ``"<string>"``) run as ``__main__`` in a
+    grandchild of the zygote, ``sys.argv`` being ``[argv0, *args]``, ``sys.path`` ``path``,
+    its environment ``env``: as ``subprocess.run`` answers; None where the zygote cannot
+    stand for a plain ``python -I`` child. ``base_path``: where a zygote started now finds
+    torch (the caller's path, without what one request puts first). Raises
+    ``subprocess.TimeoutExpired``."""
+    if _off():
+        return None
+    zygote = _zygote(env, base_path)
+    if zygote is None or not zygote.serves(path, env, timeout):
+        return None
+    request = {
+        "source": source,
+        "filename": filename,
+        "argv0": argv0,
+        "args": list(args),
+        "path": list(path),
+        "env": dict(env),
+    }
+    return zygote.run(request, timeout)
+
+
+@atexit.register
+def _stop() -> None:
+    with _LOCK:
+        for zygote in _CURRENT:
+            zygote.stop()
+        _CURRENT.clear()
