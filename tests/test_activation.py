@@ -58,7 +58,8 @@ def _run_hook_as_site_does(text: str) -> None:
 def test_watches_megatron_for_every_catalog_target():
     modules = {m for spec in CATALOG for target in spec.targets for m in target.modules}
     assert set(job_start.target_modules()) == modules
-    assert job_start.watched_packages() == ("megatron",)
+    # megatron-lm-5976 also carries the megatron-fsdp wheel's own copy (import megatron_fsdp).
+    assert job_start.watched_packages() == ("megatron", "megatron_fsdp")
 
 
 # A fresh interpreter of this environment (site has run, as at any start-up), which runs
@@ -192,7 +193,7 @@ def test_hook_line_does_nothing_once_the_package_is_gone(fired, monkeypatch):
     exec(gone)
     assert calls == []
     exec(line)  # the control: with the file there, the line starts the trigger
-    assert calls == [(("megatron",), {"strict": False, "only": None})]
+    assert calls == [(("megatron", "megatron_fsdp"), {"strict": False, "only": None})]
 
 
 class _Broken(importlib.abc.MetaPathFinder):
@@ -313,7 +314,7 @@ def test_edited_or_foreign_hook_file_is_not_current(tmp_path):
     assert not job_start.read_hook(tmp_path).current
     job_start.write_hook(tmp_path)
     text = path.read_text()
-    path.write_text(text.replace("_start_up(('megatron',)", "_start_up(('other',)"))
+    path.write_text(text.replace("_start_up(('megatron', ", "_start_up(('other', "))
     assert path.read_text() != text
     assert not job_start.read_hook(tmp_path).current
 
