@@ -51,11 +51,11 @@ def _digest(nodes: Sequence[ast.stmt]) -> str:
     return hashlib.sha256("\n".join(dumped).encode("utf-8")).hexdigest()
 
 
-def _parse(text: str) -> ast.Module | None:
+def _parse(text: str, *, dedent: bool = True) -> ast.Module | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
-            return ast.parse(textwrap.dedent(text))
+            return ast.parse(textwrap.dedent(text) if dedent else text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 
@@ -115,10 +115,18 @@ def object_digest(function: Any) -> str | None:
         text = inspect.getsource(function)
     except (OSError, TypeError):
         return None
-    tree = _parse(text)
+    # A method's text is indented: parsed under a header, not dedented (dedenting would
+    # change the content of a multi-line string, which the module's text keeps as it is).
+    indented = text[:1].isspace()
+    tree = _parse("if 1:\n" + text if indented else text, dedent=False)
     if tree is None or len(tree.body) != 1:
         return None
     node = tree.body[0]
+    if indented:
+        block = node.body if isinstance(node, ast.If) else []
+        if len(block) != 1:
+            return None
+        node = block[0]
     if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
         return None
     return _digest([node])
