@@ -358,8 +358,10 @@ def test_workers_reuse_the_verdict_until_the_installed_target_changes(disposable
     assert "patched: None" in worker  # probed again: a stale verdict would have patched it
     # The sniff says fixed, but nothing confirms it (an open pull request's text is not
     # recorded, no git, no release): a hand edit reads "drifted", never "upstream".
-    assert f'verdict: incompatible cache: {{"hit": false, "file": "{kept}"}}' in worker
-    assert json.loads(kept.read_text())["verdict"] == "incompatible"
+    # An incompatible verdict is never kept (it is judged again each time), and the old
+    # proof, keyed on the old text, is not served.
+    assert 'verdict: incompatible cache: {"hit": false, "file": null}' in worker
+    assert json.loads(kept.read_text())["verdict"] == "needed"
 
 
 def test_leftover_hook_after_uninstall_is_silent(disposable_venv):
