@@ -8,9 +8,13 @@ foreign replacement to the probe. They are deliberately small: the probe only wa
 reaches the kernel.
 """
 
+import dataclasses
 import importlib
 import types
 from functools import cache
+
+import pytest
+from packaging.version import Version
 
 from tests.conftest import TILELANG_DSA
 
@@ -106,3 +110,27 @@ def __getattr__(name: str) -> types.FunctionType:
     if name in NAMES:
         return _build()[name]
     raise AttributeError(name)
+
+
+def recorded_as_carrying_the_fix(
+    monkeypatch: pytest.MonkeyPatch, backport_id: str = "megatron-lm-7617", release: str = "0.19.2"
+) -> None:
+    """Record ``release`` (the installed one) as carrying the entry's fix (its ``fixed_in``),
+    as the catalog says once a release ships it: a stand-in's fixed behaviour alone is not
+    ``upstream`` (the sniff must be confirmed by the text, git ancestry or the release), and
+    these stand-ins stand for such a release."""
+    from backports.megatron import catalog
+
+    specs = tuple(
+        dataclasses.replace(spec, fixed_in=Version(release)) if spec.id == backport_id else spec
+        for spec in catalog.CATALOG
+    )
+    monkeypatch.setattr(catalog, "CATALOG", specs)
+
+
+def landed(monkeypatch: pytest.MonkeyPatch, name: str = "fixed_upstream") -> None:
+    """The stand-in ``name`` in place of the real target, in a release recorded as carrying
+    #7617 (``recorded_as_carrying_the_fix``)."""
+    module = importlib.import_module(TILELANG_DSA)
+    monkeypatch.setattr(module, "fused_sparse_mla_absorbed", _build()[name])
+    recorded_as_carrying_the_fix(monkeypatch)

@@ -118,7 +118,7 @@ def test_concurrent_apply_installs_once(tilelang_dsa):
 
 
 def test_one_warning_per_verdict_over_repeated_apply(tilelang_dsa, monkeypatch):
-    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    standins.landed(monkeypatch)  # the fixed stand-in, in a release recorded as fixed
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):
@@ -131,7 +131,7 @@ def test_one_warning_per_verdict_over_repeated_apply(tilelang_dsa, monkeypatch):
 
 
 def test_no_warning_on_other_ranks(tilelang_dsa, monkeypatch, caplog):
-    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    standins.landed(monkeypatch)  # the fixed stand-in, in a release recorded as fixed
     monkeypatch.setenv("RANK", "3")
     with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.DEBUG):
         warnings.simplefilter("always")
@@ -142,7 +142,7 @@ def test_no_warning_on_other_ranks(tilelang_dsa, monkeypatch, caplog):
 
 def test_a_warning_is_recorded_for_child_processes(tilelang_dsa, monkeypatch):
     monkeypatch.delenv("MEGATRON_BACKPORTS_SAID", raising=False)
-    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    standins.landed(monkeypatch)  # the fixed stand-in, in a release recorded as fixed
     with pytest.warns(BackportWarning, match="not applied"):
         apply()
     # What a spawned child inherits: the key of the warning its parent gave.
@@ -153,7 +153,7 @@ def test_a_warning_is_recorded_for_child_processes(tilelang_dsa, monkeypatch):
 
 
 def test_child_of_a_process_that_warned_stays_quiet(tilelang_dsa, monkeypatch, caplog):
-    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    standins.landed(monkeypatch)  # the fixed stand-in, in a release recorded as fixed
     with pytest.warns(BackportWarning):
         apply(BACKPORT_ID)
     said = os.environ["MEGATRON_BACKPORTS_SAID"]
@@ -182,7 +182,7 @@ def test_a_parent_warning_about_another_verdict_does_not_silence_this_one(
 def test_a_warning_the_filter_drops_is_not_recorded_as_said(tilelang_dsa, monkeypatch):
     """A parent whose filter hides the warning must leave its children free to show it."""
     monkeypatch.delenv("MEGATRON_BACKPORTS_SAID", raising=False)
-    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    standins.landed(monkeypatch)  # the fixed stand-in, in a release recorded as fixed
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("ignore", BackportWarning)
         apply(BACKPORT_ID)
@@ -195,7 +195,7 @@ def test_a_warning_the_filter_drops_is_not_recorded_as_said(tilelang_dsa, monkey
 
 
 def test_a_parent_warning_with_another_reason_does_not_silence_this_one(tilelang_dsa, monkeypatch):
-    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    standins.landed(monkeypatch)  # the fixed stand-in, in a release recorded as fixed
     with pytest.warns(BackportWarning):
         apply(BACKPORT_ID)
     said = os.environ["MEGATRON_BACKPORTS_SAID"]

@@ -17,6 +17,7 @@ import pytest
 
 from backports.megatron import cli
 from backports.megatron.catalog import CATALOG
+from backports.megatron.commands import _candidate
 from tests.conftest import BACKPORT_ID, TILELANG_DSA, builtin_rows
 from tests.reports import report_for
 
@@ -84,6 +85,26 @@ def fixed_release(tmp_path_factory) -> Path:
     return site
 
 
+@pytest.fixture
+def recorded_fixed_in_0_20_0(monkeypatch):
+    """The audit's child with #7617 recorded as fixed in 0.20.0 (``fixed_in``), as the
+    catalog says once a release ships it: the fixed release's sniff alone would be
+    "drifted" (an open pull request has no recorded text, the folder no git history)."""
+    recorded = (
+        "from backports.megatron import api\n"
+        "import dataclasses\n"
+        "from packaging.version import Version\n"
+        "from backports.megatron import catalog\n"
+        "catalog.CATALOG = tuple(\n"
+        "    dataclasses.replace(s, fixed_in=Version('0.20.0')) if s.id == 'megatron-lm-7617'\n"
+        "    else s for s in catalog.CATALOG\n"
+        ")\n"
+    )
+    child = _candidate._CHILD.replace("from backports.megatron import api\n", recorded, 1)
+    assert child != _candidate._CHILD
+    monkeypatch.setattr(_candidate, "_CHILD", child)
+
+
 def _audit(capsys, *argv: str) -> tuple[int, list[dict], str]:
     code = cli.main(["audit", "--json", *argv])
     out, err = capsys.readouterr()
@@ -146,6 +167,7 @@ def test_0_19_2_wheel_still_needs_it(request, capsys):
     assert "backports-audit-" in probed  # the extracted wheel, not the installed copy
 
 
+@pytest.mark.usefixtures("recorded_fixed_in_0_20_0")
 def test_a_release_with_the_fix_fails_the_pin_bump(fixed_release, capsys):
     code, reports, err = _audit(capsys, "--dir", str(fixed_release))
     report = report_for(reports, BACKPORT_ID)
@@ -158,6 +180,19 @@ def test_a_release_with_the_fix_fails_the_pin_bump(fixed_release, capsys):
     assert code == 1 and f"delete: {BACKPORT_ID}" in err
 
 
+def test_a_release_only_the_sniff_calls_fixed_is_drifted_not_landed(fixed_release, capsys):
+    """No recorded text (an open pull request), no git history, no release recorded as
+    carrying it: the sniff alone never says "delete the backport"."""
+    code, reports, _ = _audit(
+        capsys, "--dir", str(fixed_release), "--fail-on-landed", "--only", BACKPORT_ID
+    )
+    (report,) = reports
+    assert code == 0 and report["verdict"] == "incompatible", report["reason"]
+    assert "drifted: the sniff says fixed but" in report["reason"]
+    assert report["evidence"]["landed"] == {"text": {}, "git": False, "release": False}
+
+
+@pytest.mark.usefixtures("recorded_fixed_in_0_20_0")
 def test_table_says_what_to_do(fixed_release, capsys):
     assert cli.main(["audit", "--dir", str(fixed_release)]) == 0
     header, *rows = capsys.readouterr().out.splitlines()

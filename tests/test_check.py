@@ -107,6 +107,8 @@ def test_a_disabled_backport_is_probed_anyway_and_fails_if_landed_or_rotted(
 
     if standin is not None:
         monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", getattr(standins, standin))
+    if standin == "fixed_upstream":  # landed: in a release recorded as carrying the fix
+        standins.recorded_as_carrying_the_fix(monkeypatch)
     monkeypatch.setenv("MEGATRON_BACKPORTS_SKIP", BACKPORT_ID)
     code = cli.main(["check", "--json", "--only", BACKPORT_ID])
     (entry,) = json.loads(capsys.readouterr().out)

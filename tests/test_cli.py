@@ -184,7 +184,7 @@ def test_apply_json_prints_reports_only(tilelang_dsa, capsys, tmp_path):
 
 
 def test_apply_warns_once_and_still_writes_the_hook(tilelang_dsa, monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    standins.landed(monkeypatch)  # the fixed stand-in, in a release recorded as fixed
     code, out, err = _main(capsys, "apply", "--site-dir", str(tmp_path))
     # Warnings go to stderr, the table's mode included: stdout stays the table and its notes.
     assert code == 0 and err.count("warning: megatron-backports:") == 1
@@ -269,7 +269,7 @@ def test_revert_json_reports_what_it_did_with_the_probed_verdict(tilelang_dsa, c
 def test_revert_json_under_an_upstream_fix_reports_upstream(
     tilelang_dsa, monkeypatch, capsys, tmp_path
 ):
-    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    standins.landed(monkeypatch)  # the fixed stand-in, in a release recorded as fixed
     _, out, _ = _main(capsys, "revert", "--json", "--site-dir", str(tmp_path))
     report = report_for(json.loads(out), BACKPORT_ID)
     assert (report["verdict"], report["action"]) == ("upstream", "not-installed")

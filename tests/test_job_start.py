@@ -356,8 +356,12 @@ def test_workers_reuse_the_verdict_until_the_installed_target_changes(disposable
     target.write_text(target.read_text() + "\n\n" + fixed)
     worker = _ok(venv.run(["python", "-c", _CACHE_STATE]))
     assert "patched: None" in worker  # probed again: a stale verdict would have patched it
-    assert f'verdict: upstream cache: {{"hit": false, "file": "{kept}"}}' in worker
-    assert json.loads(kept.read_text())["verdict"] == "upstream"
+    # The sniff says fixed, but nothing confirms it (an open pull request's text is not
+    # recorded, no git, no release): a hand edit reads "drifted", never "upstream".
+    # An incompatible verdict is never kept (it is judged again each time), and the old
+    # proof, keyed on the old text, is not served.
+    assert 'verdict: incompatible cache: {"hit": false, "file": null}' in worker
+    assert json.loads(kept.read_text())["verdict"] == "needed"
 
 
 def test_leftover_hook_after_uninstall_is_silent(disposable_venv):

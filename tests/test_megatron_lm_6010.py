@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from packaging.version import Version
 
 from backports.megatron import Action, Verdict, apply, revert, status
 from backports.megatron.model import SniffFailed
@@ -169,7 +170,9 @@ def test_a_release_with_the_fix_and_reordered_parameters_reads_upstream(
     from tests.deciding import probe
 
     monkeypatch.setattr(LLaVAModel, "forward", _drifted_forward(True, monkeypatch))
-    decision = probe(spec)
+    # The stand-in release is recorded as carrying the fix: the evidence that confirms the
+    # sniff (alone, a fixed sniff is "drifted", never "upstream").
+    decision = probe(dataclasses.replace(spec, fixed_in=Version("0.19.2")))
     assert decision.verdict is Verdict.UPSTREAM, decision.reason
     assert "judged by behaviour: upstream reordered parameters" in decision.reason
     assert "LLaVAModel.forward signature is (self, input_ids, images" in decision.reason

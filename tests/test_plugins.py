@@ -348,6 +348,7 @@ def test_the_start_up_hook_watches_plugin_targets(make_plugin: MakePlugin) -> No
 # ---- reliability round 3 (issue 24) -----------------------------------------------------------
 
 UPGRADABLE = """
+from packaging.version import Version
 from backports.megatron.catalog import SniffResult
 
 FIXED = {fixed}
@@ -358,7 +359,10 @@ def sniff(targets):
     fixed = FIXED if installed else True
     return SniffResult(fixed=fixed, summary=f"acme's sniff says fixed={{fixed}}")
 
-VALUE = dataclasses.replace(MEGATRON_LM_7617, id="acme-up", sniff=sniff)
+# Version 1.1 records the installed release as carrying the fix: a fixed sniff alone is
+# "drifted", never "upstream".
+FIXED_IN = Version("0.19.2") if FIXED else None
+VALUE = dataclasses.replace(MEGATRON_LM_7617, id="acme-up", sniff=sniff, fixed_in=FIXED_IN)
 """
 
 

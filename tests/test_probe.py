@@ -44,7 +44,7 @@ def test_status_changes_nothing(tilelang_dsa):
 
 
 def test_behaviourally_fixed_stand_in_is_upstream(tilelang_dsa, monkeypatch):
-    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    standins.landed(monkeypatch)  # the fixed stand-in, in a release recorded as fixed
     report = _status()
     assert report.verdict is Verdict.UPSTREAM, report.reason
     assert report.action is Action.WOULD_SKIP
@@ -207,23 +207,31 @@ def megatron_checkout(tmp_path, monkeypatch):
     [
         # Behaviour says "lacks the fix" (0.19.2), git says the checkout has the commits.
         ("head", None, "disagrees: the git checkout contains megatron-lm-7617's commits"),
-        # Behaviour says "has the fix", git says the checkout predates the commits.
-        ("base", "fixed_upstream", "disagrees: the git checkout does not contain megatron-lm"),
-        ("head", "fixed_upstream", None),  # both say fixed
+        # Behaviour says "has the fix", git says the checkout predates the commits, and
+        # nothing else (no recorded text of an open PR, no release) confirms it: drifted.
+        ("base", "fixed_upstream", "drifted: the sniff says fixed but"),
+        # Both say fixed: git ancestry is the evidence that confirms the sniff.
+        ("head", "fixed_upstream", None),
         ("base", None, None),  # both say not fixed
     ],
 )
 def test_git_checkout_cross_check(
     tilelang_dsa, monkeypatch, megatron_checkout, at, installed, note
 ):
-    """Behaviour decides the verdict; git disagreeing is written into the reason."""
+    """Behaviour decides between needed and landed; a fixed sniff is ``upstream`` only with
+    git ancestry (or text, or release) agreeing; git disagreeing is written into the
+    reason."""
     repo, shas, _ = megatron_checkout
     if at == "base":
         repo.git.checkout(shas["package_info.py"])
     if installed is not None:
         monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", getattr(standins, installed))
     report = _status()
-    expected = Verdict.UPSTREAM if installed is not None else Verdict.NEEDED
+    expected = {
+        None: Verdict.NEEDED,
+        "head": Verdict.UPSTREAM,
+        "base": Verdict.INCOMPATIBLE,
+    }[at if installed is not None else None]
     assert report.verdict is expected, report.reason
     assert report.evidence["git"]["contains"] == {"merge": at == "head", "head": at == "head"}
     if note is None:

@@ -1253,3 +1253,25 @@ def test_ctrl_c_during_the_swap_is_held_until_both_files_are_in(
     assert "interrupted after the swap: wrote tilelang_dsa.py and UPSTREAM.toml" in run.err
     assert visible(vendor) == synced_elsewhere and hidden(vendor) == []
     assert signal.getsignal(signal.SIGINT) is handler  # restored
+
+
+def test_a_sync_at_the_merge_records_the_fix_text_and_another_commit_keeps_it(
+    tool: Tool, upstream: Upstream, vendor: Path
+) -> None:
+    """At the merge named in UPSTREAM.toml, the sync records each symbol's normalised
+    digest (``fixed_symbols_sha256``: what the ``upstream`` verdict compares the installed
+    text with); a later sync at another commit keeps the merge's record."""
+    from backports.megatron.evidence.fix_text import symbol_digest
+
+    toml = vendor / "megatron_lm_7617" / "UPSTREAM.toml"
+    text = toml.read_text()
+    toml.write_text(text.replace("pr = 7617\n", f'pr = 7617\nmerge_sha = "{upstream.merge}"\n', 1))
+    assert tool(*sync_args(upstream)).code == 0
+    data = manifest(vendor)
+    source = git.Repo(upstream.path).git.show(f"{upstream.merge}:{data['synced_path']}")
+    expected = symbol_digest(source, "fused_sparse_mla_absorbed")
+    assert expected is not None
+    assert data["fixed_symbols_sha256"] == {"fused_sparse_mla_absorbed": expected}
+    args = ("--backport", BACKPORT, "--sha", upstream.pr_head, "--repo", str(upstream.path))
+    assert tool(*args).code == 0
+    assert manifest(vendor)["fixed_symbols_sha256"] == {"fused_sparse_mla_absorbed": expected}

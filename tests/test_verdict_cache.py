@@ -67,7 +67,7 @@ def test_a_changed_function_is_probed_again(tilelang_dsa, cache, probes, monkeyp
     apply(BACKPORT_ID)
     revert(BACKPORT_ID)
     # The same module and file, other code: megatron-core with the fix, say.
-    monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+    standins.landed(monkeypatch)  # the fixed stand-in, in a release recorded as fixed
     with pytest.warns(UserWarning, match="already has the fix"):
         (report,) = apply(BACKPORT_ID)
     assert report.verdict is Verdict.UPSTREAM and report.action is Action.SKIPPED

@@ -446,10 +446,10 @@ def _refused(
     if not isinstance(outcome, SniffResult) or not outcome.fixed:
         return Decision(spec, mode, Verdict.INCOMPATIBLE, refusal, evidence, targets)
     evidence["git"] = git_evidence(spec, evidence)
-    landed, _ = behaviour_reasons(spec, outcome, evidence, early.version)
+    verdict, landed = behaviour_reasons(spec, outcome, evidence, early.version, targets)
     evidence["signature_drift"] = refusal
     reason = f"{landed} (judged by behaviour: upstream reordered parameters since: {refusal})"
-    return Decision(spec, mode, Verdict.UPSTREAM, reason, evidence, targets)
+    return Decision(spec, mode, verdict, reason, evidence, targets)
 
 
 def _caching() -> bool:
@@ -578,9 +578,9 @@ def _sniffed(
         return Decision(spec, mode, Verdict.INCOMPATIBLE, reason, evidence, targets)
     if isinstance(first, BaseException):
         raise first
-    landed, lacks = behaviour_reasons(spec, first, evidence, early.version)
-    if landed is not None:
-        return Decision(spec, mode, Verdict.UPSTREAM, landed, evidence, targets)
+    verdict, reason = behaviour_reasons(spec, first, evidence, early.version, targets)
+    if verdict is not Verdict.NEEDED:  # landed, or drifted (fixed by a sniff alone)
+        return Decision(spec, mode, verdict, reason, evidence, targets)
     if built is None:
         built = _built_or_error(spec, mode, targets)
     if isinstance(built, Exception):
@@ -601,7 +601,7 @@ def _sniffed(
     unproven = unproven_reason(folder_name(spec), alone, composed)
     if unproven is not None:
         return Decision(spec, mode, Verdict.INCOMPATIBLE, unproven, evidence, targets)
-    return Decision(spec, mode, Verdict.NEEDED, lacks, evidence, targets, built)
+    return Decision(spec, mode, Verdict.NEEDED, reason, evidence, targets, built)
 
 
 def _built_or_error(

@@ -95,6 +95,8 @@ def _provenance(upstream: Mapping[str, Any], integrity: Integrity) -> dict[str, 
     }
     # Module globals the vendored code reads at call time, as a sync found them.
     provenance["reads"] = [str(name) for name in upstream.get("reads", [])]
+    # The fix's text per carried symbol (``evidence.fix_text``): what ``upstream`` checks.
+    provenance["fixed_symbols_sha256"] = dict(upstream.get("fixed_symbols_sha256", {}))
     vendored = {
         "file": integrity.file,
         "sha256": integrity.actual,

@@ -1,9 +1,12 @@
 """The verdict's reasons: what the sniffs showed, cross-checked with version and git.
 
-Behaviour decides between ``upstream`` and ``needed``; the version (``fixed_in``) and git
-ancestry of a source checkout are cross-checks, and a disagreement is written into the
-reason. A ``needed`` verdict also needs the replacement shown to carry the fix: the sniff on
-the vendored code, upstream-only and (in the default mode) with the local changes.
+Behaviour decides between ``upstream`` and ``needed``, and ``upstream`` ("delete the
+backport") also needs independent evidence: the installed text of every carried symbol is
+the fix's, git ancestry shows the merge, or the release is recorded as carrying it; a sniff
+saying fixed without any is ``incompatible`` (drifted). A disagreement of version or git
+with the sniff is written into the reason. A ``needed`` verdict also needs the replacement
+shown to carry the fix: the sniff on the vendored code, upstream-only and (in the default
+mode) with the local changes.
 """
 
 import inspect
@@ -15,9 +18,19 @@ from typing import Any
 
 from packaging.version import Version
 
+from ..evidence.fingerprints import module_file
+from ..evidence.fix_text import object_digest, symbol_digest
 from ..evidence.git_ancestry import commit_ancestry
 from ..kinds import Kind, Resolved
-from ..model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec, SniffResult, Target
+from ..model import (
+    UPSTREAM_ONLY,
+    WITH_LOCAL_CHANGES,
+    BackportSpec,
+    ResolvedTarget,
+    SniffResult,
+    Target,
+)
+from ..report import Verdict
 
 
 def one_line(exc: BaseException) -> str:
@@ -51,20 +64,120 @@ def _cross_checks(spec: BackportSpec, fixed: bool, evidence: dict[str, Any]) -> 
 
 
 def behaviour_reasons(
-    spec: BackportSpec, sniff: SniffResult, evidence: dict[str, Any], version: str
-) -> tuple[str | None, str]:
+    spec: BackportSpec,
+    sniff: SniffResult,
+    evidence: dict[str, Any],
+    version: str,
+    targets: Sequence[Resolved] = (),
+) -> tuple[Verdict, str]:
     """Record what the sniff on the installed code showed, cross-checked with version and
-    git; the reason it has landed (None while it has not), and the reason it is needed.
-    ``version``: what was judged ("megatron-core 0.19.2")."""
+    git; the verdict it supports and its reason: ``needed`` (the sniff says not fixed),
+    ``upstream`` (it says fixed and independent evidence agrees: see ``landed_evidence``),
+    or ``incompatible`` (it says fixed on text that no evidence ties to the fix: drifted).
+    ``version``: what was judged ("megatron-core 0.19.2"); ``targets``: the resolved
+    targets, in catalog order (their installed text is compared with the fix's)."""
     evidence["behaviour"] = {"fixed": sniff.fixed, **sniff.detail}
     notes = _cross_checks(spec, sniff.fixed, evidence)
     suffix = f" (disagrees: {'; '.join(notes)})" if notes else ""
-    if sniff.fixed:
+    if not sniff.fixed:
+        return Verdict.NEEDED, f"{version} lacks the fix: {sniff.summary}{suffix}"
+    agreeing, text_gap = landed_evidence(spec, targets, evidence)
+    if agreeing:
         return (
-            f"{version} already has the fix: {sniff.summary}{suffix}. {spec.delete_when_landed}",
-            "",
+            Verdict.UPSTREAM,
+            f"{version} already has the fix: {sniff.summary} ({'; '.join(agreeing)}){suffix}. "
+            f"{spec.delete_when_landed}",
         )
-    return None, f"{version} lacks the fix: {sniff.summary}{suffix}"
+    return (
+        Verdict.INCOMPATIBLE,
+        f"{version}: drifted: the sniff says fixed but {text_gap}, git ancestry does not show "
+        f"the merge and no release is recorded as carrying it; check by hand whether the bug "
+        f"is still there, then update or delete the backport (the sniff: {sniff.summary})",
+    )
+
+
+def landed_evidence(
+    spec: BackportSpec, targets: Sequence[Resolved], evidence: dict[str, Any]
+) -> tuple[list[str], str]:
+    """The independent evidence that the installed release carries the fix (each item one
+    phrase; [] if none), and what the text comparison found when it does not agree. Any of
+    three: the installed text of every carried symbol is the fix's (normalised AST, as
+    ``UPSTREAM.toml``'s ``fixed_symbols_sha256`` records it: every target votes, sniffed or
+    not), git ancestry of the imported checkout shows the merge, or the installed release is
+    one recorded as carrying it (``fixed_in``). Recorded in ``evidence["landed"]``."""
+    recorded: dict[str, str] = evidence["upstream"].get("fixed_symbols_sha256") or {}
+    texts = _texts_match(spec, targets, recorded)
+    contains = evidence.get("git", {}).get("contains", {})
+    in_git = any(contains.values())
+    by_release = _version_claim(spec, evidence) is True
+    evidence["landed"] = {"text": texts, "git": in_git, "release": by_release}
+    agreeing = []
+    if texts and all(texts.values()):
+        agreeing.append("the installed text of every carried symbol is the fix's")
+    if in_git:
+        agreeing.append(f"the git checkout contains {spec.id}'s merge")
+    if by_release:
+        release = evidence["distribution"]["version"]
+        agreeing.append(f"{release} is recorded as carrying it (fixed in {spec.fixed_in})")
+    return agreeing, _text_gap(spec, recorded, texts)
+
+
+def _text_gap(spec: BackportSpec, recorded: dict[str, str], texts: dict[str, bool]) -> str:
+    if not recorded:
+        return "no text of the fix is recorded (UPSTREAM.toml has no fixed_symbols_sha256)"
+    unrecorded = [t.attribute for t in spec.targets if t.attribute not in recorded]
+    if unrecorded:
+        return f"no text of the fix is recorded for {', '.join(unrecorded)}"
+    differ = [name for name, same in texts.items() if not same]
+    return f"the installed text of {', '.join(differ)} is not the fix's"
+
+
+def _texts_match(
+    spec: BackportSpec, targets: Sequence[Resolved], recorded: dict[str, str]
+) -> dict[str, bool]:
+    """Per recorded symbol, whether its installed text is the fix's; {} where a target has
+    no recorded text (it cannot vote, so the text proves nothing)."""
+    if not recorded or not targets or any(t.attribute not in recorded for t in spec.targets):
+        return {}
+    resolved = dict(zip((t.attribute for t in spec.targets), targets, strict=False))
+    declared = {t.attribute: t for t in spec.targets}
+    return {
+        name: installed_digest(resolved.get(name), declared.get(name, spec.targets[0]), name)
+        == digest
+        for name, digest in recorded.items()
+    }
+
+
+def installed_digest(resolved: Resolved | None, carrier: Target, name: str) -> str | None:
+    """The normalised digest of ``name`` as installed: a function target's running code
+    (``resolved``), else its definition in the module's file (an import guard's flag, a
+    module attribute; a name carried beside the targets: in the first target's module,
+    ``carrier``)."""
+    if isinstance(resolved, ResolvedTarget) and inspect.isfunction(inspect.unwrap(resolved.body)):
+        return object_digest(inspect.unwrap(resolved.body))
+    module_name = getattr(resolved, "module_name", None)
+    modules = [module_name] if isinstance(module_name, str) else []
+    modules += list(carrier.modules)
+    for module in modules:
+        path = _source_file(module)
+        if path is None:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        digest = symbol_digest(text, name)
+        if digest is not None:
+            return digest
+    return None
+
+
+def _source_file(module: str) -> Path | None:
+    """The module's file: the imported one's, else as the path finds it (no import)."""
+    loaded = getattr(sys.modules.get(module), "__file__", None)
+    if isinstance(loaded, str) and loaded.endswith(".py"):
+        return Path(loaded)
+    return module_file(module)
 
 
 def git_evidence(spec: BackportSpec, evidence: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..evidence.fix_text import symbol_digests
 from ..vendored import (
     ManifestError,
     UpstreamToml,
@@ -26,7 +27,7 @@ from ..vendored import (
     symbols,
 )
 from ..vendored.manifest import FILE_NAME
-from .errors import Interrupted, Refused, UsageError, WriteError
+from .errors import Interrupted, Refused, SourceError, UsageError, WriteError
 from .fetch import cache_clone, checked_sha, fetch, repo_location, resolve_commit
 from .render import Piece, Provenance, Vendored, render
 from .source import Source, read_other, read_source
@@ -52,6 +53,9 @@ class _Candidate:
     sha: str
     source: Source
     vendored: Vendored
+    # Per symbol, the digest of its text at this commit when it is the fix's merge
+    # (``fixed_symbols_sha256``); None at any other commit.
+    fixed_symbols: dict[str, str] | None = None
 
 
 def _sha256(data: bytes) -> str:
@@ -132,11 +136,41 @@ def _fetch_candidate(
             if piece.path not in sources:
                 sources[piece.path] = read_other(commit, piece.path)
         hexsha = str(commit.hexsha)
+        fixed = _fix_texts(manifest, hexsha, source.path, sources, lambda p: read_other(commit, p))
     vendored = render(sources, pieces, _provenance(manifest, hexsha, source.path))
     print(f"reads from the target module: {', '.join(vendored.reads) or 'nothing'}")
     for symbol, texts in vendored.decorators.items():
         print(f"recorded the decorators of {symbol}: {', '.join('@' + d for d in texts)}")
-    return _Candidate(hexsha, source, vendored)
+    return _Candidate(hexsha, source, vendored, fixed)
+
+
+def _fix_texts(
+    manifest: UpstreamToml,
+    sha: str,
+    source_path: str,
+    sources: dict[str, str],
+    read: Callable[[str], str],
+) -> dict[str, str] | None:
+    """At the fix's merge commit, each symbol's normalised digest (what the ``upstream``
+    verdict compares the installed text with); None at another commit, or where a symbol's
+    text is not found there."""
+    if sha != manifest.get("merge_sha"):
+        return None
+    paths = manifest.get("symbol_paths", {})
+    known = dict(sources)
+
+    def text_of(symbol: str) -> str | None:
+        path = paths.get(symbol, source_path)
+        if path not in known:
+            try:
+                known[path] = read(path)
+            except SourceError:  # not there: no record, the sync goes on
+                return None
+        return known[path]
+
+    names = symbols(manifest)
+    found = symbol_digests(text_of, names)
+    return found if len(found) == len(names) else None
 
 
 def _synced_manifest(folder: VendoredFolder, candidate: _Candidate) -> UpstreamToml:
@@ -162,6 +196,8 @@ def _synced_manifest(folder: VendoredFolder, candidate: _Candidate) -> UpstreamT
     data.setdefault("head_sha", sha)
     if vendored.decorators:
         data["decorators"] = vendored.decorators
+    if candidate.fixed_symbols is not None:  # at another commit, the merge's record stays
+        data["fixed_symbols_sha256"] = candidate.fixed_symbols
     return data
 
 

@@ -62,6 +62,7 @@ class UpstreamToml(TypedDict):
     decorators: NotRequired[dict[str, list[str]]]
     carry: NotRequired[list[str]]
     symbol_paths: NotRequired[dict[str, str]]
+    fixed_symbols_sha256: NotRequired[dict[str, str]]
 
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -168,6 +169,14 @@ def _path_table(value: Any) -> str | None:
     return None if ok else "a table of symbol = path/to/module.py"
 
 
+def _digest_table(value: Any) -> str | None:
+    ok = isinstance(value, dict) and all(
+        _symbol(k) is None and isinstance(v, str) and bool(_HEX64.fullmatch(v))
+        for k, v in value.items()
+    )
+    return None if ok else "a table of symbol = sha256 (64 lowercase hex digits)"
+
+
 def _origin(value: Any) -> str | None:
     return None if value in ORIGINS else f"one of {', '.join(map(repr, ORIGINS))}"
 
@@ -216,6 +225,9 @@ OPTIONAL: dict[str, Callable[[Any], str | None]] = {
     "decorators": _decorator_table,
     "carry": _names,  # module state vendored with the targets (a ContextVar, a helper)
     "symbol_paths": _path_table,  # a symbol or carried name -> its file, when not ``path``
+    # Per carried symbol, the sha256 of its normalised AST at ``merge_sha``
+    # (``evidence.fix_text``): the fix's text, for the ``upstream`` verdict's text evidence.
+    "fixed_symbols_sha256": _digest_table,
 }
 
 
