@@ -10,6 +10,7 @@ methods the wrapped step calls); the reference is a plain AdamW on the same para
 """
 
 import dataclasses
+import importlib.metadata
 import sys
 import textwrap
 from types import SimpleNamespace
@@ -256,6 +257,17 @@ def test_a_fixed_copy_is_upstream_and_only_the_other_is_installed(tmp_path, monk
     made_up = dataclasses.replace(ENTRY.targets[1], modules=("made_up_fixed_fully_shard",))
     assert isinstance(made_up, Target)
     entry = dataclasses.replace(ENTRY, targets=(ENTRY.targets[0], made_up))
+    # A fixed sniff alone is not enough: with no recorded text, git or release it is drifted.
+    unrecorded = {c["distribution"]: c for c in probe(entry).evidence["copies"]}
+    assert unrecorded["megatron-fsdp"]["verdict"] == "incompatible"
+    assert "drifted" in unrecorded["megatron-fsdp"]["reason"]
+    # Recorded as landed in the installed megatron-fsdp release (its copy's fixed_in).
+    fsdp = importlib.metadata.version("megatron-fsdp")
+    copies_fixed = tuple(
+        dataclasses.replace(c, fixed_in=Version(fsdp)) if c.distribution == "megatron-fsdp" else c
+        for c in ENTRY.copies
+    )
+    entry = dataclasses.replace(entry, copies=copies_fixed)
     decision = probe(entry)
     copies = {c["distribution"]: c for c in decision.evidence["copies"]}
     assert copies["megatron-fsdp"]["verdict"] == "upstream", copies["megatron-fsdp"]["reason"]

@@ -27,6 +27,7 @@ from backports.megatron.model import SniffFailed
 from backports.megatron.private_globals import with_globals
 from backports.megatron.testing import CONTRACT
 from tests.reports import report_for
+from tests.standins import recorded_as_carrying_the_fix
 
 ID = "megatron-lm-6507"
 ENTRY = by_id(ID)
@@ -283,6 +284,10 @@ def _fixed_variant(module: types.ModuleType) -> types.FunctionType:
 
 def test_status_on_a_release_with_the_fix_says_upstream(optimizer_module, monkeypatch):
     monkeypatch.setattr(optimizer_module, NAME, _fixed_variant(optimizer_module))
+    # The sniff alone is not enough: with no recorded text, git or release it is "drifted".
+    drifted = report_for(status(only=ID), ID)
+    assert drifted.verdict is Verdict.INCOMPATIBLE and "drifted" in drifted.reason
+    recorded_as_carrying_the_fix(monkeypatch, ID)
     report = report_for(status(only=ID), ID)
     assert report.verdict is Verdict.UPSTREAM, report.reason
     assert report.action is Action.WOULD_SKIP
