@@ -30,6 +30,9 @@ def llava_patched():
 def _run(script: str, tmp_path) -> list[dict[str, object]]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MEGATRON_BACKPORTS")}
     environ["MEGATRON_BACKPORTS_CACHE"] = "0"
+    # #6507's sniff runs megatron's optimizer builder, which imports MiMo's model module (as
+    # upstream's builder does on every call): with it on, no process stays without MiMo.
+    environ["MEGATRON_BACKPORTS_SKIP"] = "megatron-lm-6507"
     environ["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_SEEN) + textwrap.dedent(script)],
