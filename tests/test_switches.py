@@ -145,3 +145,17 @@ def test_the_start_up_trigger_agrees(monkeypatch, value: str) -> None:
     finally:
         start_up.deactivate()
     assert sys.meta_path == before
+
+
+def test_the_zygote_switch_takes_the_same_off_spellings(monkeypatch):
+    """interpreter/zygote.py imports nothing of ours and spells the off values out."""
+    from backports.megatron import switches
+    from backports.megatron.interpreter import zygote
+
+    assert zygote._FALSE == switches.FALSE
+    for value in OFF:
+        monkeypatch.setenv("MEGATRON_BACKPORTS_ZYGOTE", value)
+        assert zygote._off()
+    for value in ["", "1", "on", "yes"]:
+        monkeypatch.setenv("MEGATRON_BACKPORTS_ZYGOTE", value)
+        assert not zygote._off()

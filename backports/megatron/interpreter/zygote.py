@@ -26,8 +26,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import switches
-
 _SERVER = Path(__file__).with_name("_zygote_child.py")
 _PATH_VARIABLE = "MEGATRON_BACKPORTS_CHILD_PATH"
 # What differs between requests and decides nothing of the zygote's own imports.
@@ -198,9 +196,14 @@ def _zygote(env: Mapping[str, str], path: Sequence[str]) -> Zygote | None:
         return started
 
 
+# The interpreter floor imports nothing of ours: switches.FALSE spelt out (tests/test_switches.py
+# keeps the two in step), as the start-up trigger in __init__.py does.
+_FALSE = frozenset({"0", "false", "off", "no"})
+
+
 def _off() -> bool:
     """``MEGATRON_BACKPORTS_ZYGOTE=0``: every sniff child is a fresh interpreter."""
-    return not switches.flag("MEGATRON_BACKPORTS_ZYGOTE", True)
+    return os.environ.get("MEGATRON_BACKPORTS_ZYGOTE", "").strip().lower() in _FALSE
 
 
 def start(path: Sequence[str]) -> None:
