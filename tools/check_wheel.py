@@ -189,7 +189,10 @@ def check_commands(python: Path, work: Path) -> None:
     applied = json.loads(_run([*backports, "apply", "--json"], cwd=work).stdout)
     wanted = sorted(r["id"] for r in applied if r["action"] == "installed")
     try:
-        got = sorted(json.loads(_run([python, "-c", _IMPORTS_MEGATRON], cwd=work).stdout))
+        # The last line: megatron.training's import (#6321's target) points the root logger
+        # at stdout (logging.basicConfig), so log lines may come before it.
+        printed = _run([python, "-c", _IMPORTS_MEGATRON], cwd=work).stdout.strip().splitlines()
+        got = sorted(json.loads(printed[-1]))
     finally:
         _run([*backports, "revert"], cwd=work)
     if not wanted or got != wanted:
