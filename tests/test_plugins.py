@@ -341,7 +341,8 @@ def test_the_start_up_hook_watches_plugin_targets(make_plugin: MakePlugin) -> No
     make_plugin("acme-lib", {"acme-lib": body})
     assert "acme_lib.kernels" in job_start.target_modules()
     assert job_start.target_modules(("acme-lib",)) == ("acme_lib.kernels",)
-    assert job_start.watched_packages() == ("megatron", "acme_lib")
+    # megatron_fsdp: megatron-lm-5976 carries the megatron-fsdp wheel's copy too.
+    assert job_start.watched_packages() == ("megatron", "megatron_fsdp", "acme_lib")
     assert "acme_lib" in job_start.hook_text()
 
 

@@ -97,7 +97,9 @@ def test_the_entry_point_reads_the_first_start_file_on_an_absolute_path(
     ]
     (first / START_FILE).unlink()
     package._start_up_from_start_file()
-    assert _triggers(meta_path) == [(frozenset({"megatron"}), {"strict": True, "only": None})]
+    # Every entry: megatron-lm-5976 also watches the megatron-fsdp wheel's megatron_fsdp.
+    every = frozenset({"megatron", "megatron_fsdp"})
+    assert _triggers(meta_path) == [(every, {"strict": True, "only": None})]
 
 
 def test_the_entry_point_without_a_start_file_or_switched_off_starts_nothing(
