@@ -58,7 +58,8 @@ def test_every_entrys_manifest_is_valid_and_names_its_targets(spec):
     data = tomllib.loads((folder / "UPSTREAM.toml").read_text(encoding="utf-8"))
     assert manifest_problems(data) == []
     assert data["id"] == spec.id
-    assert symbols(data) == [target.attribute for target in spec.targets]
+    # A symbol carried in several distributions (an entry's copies) is listed once.
+    assert symbols(data) == list(dict.fromkeys(target.attribute for target in spec.targets))
 
 
 def test_rehash_takes_several_symbols(tmp_path, capsys):

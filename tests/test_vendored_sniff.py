@@ -122,8 +122,9 @@ def test_the_vendored_replacements_show_their_fix(backport_id: str, upstream_onl
     still reaches the vendored function inside (else the call would be declined)."""
     spec = BY_ID[backport_id]
     module = vendored_module(spec.vendored)
-    result = sniff_replacement(spec, module, upstream_only=upstream_only)
-    assert result.fixed, result.summary
+    for part in spec.parts():  # an entry with copies: each distribution's part on its own
+        result = sniff_replacement(part, module, upstream_only=upstream_only)
+        assert result.fixed, result.summary
 
 
 @pytest.mark.parametrize("backport_id", FUNCTION_IDS)
@@ -225,8 +226,10 @@ def test_a_vendored_stock_function_is_incompatible_and_never_installed(
     code, row = check_json(backport_id, capsys)
     assert code == 1
     assert (row["verdict"], row["check"]["ok"]) == ("incompatible", False)
+    # An entry with copies names the distribution of each copy's reason first.
+    copy = f"[{spec.target.distribution}] " if spec.copies else ""
     assert row["check"]["why"].startswith(
-        f"would install code without the fix: vendor/{folder_of(spec)} lacks the fix"
+        f"would install code without the fix: {copy}vendor/{folder_of(spec)} lacks the fix"
     )
 
 
