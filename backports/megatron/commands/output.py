@@ -317,6 +317,9 @@ KNOWN_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     (DeprecationWarning, "The following imports from `dynamic_context.py`"),
     # megatron.core.models.mimo, imported by #6010's targets
     (UserWarning, "MimoModelConfig is experimental"),
+    # megatron.core.extensions.transformer_engine_spec_provider without Transformer Engine,
+    # reached by megatron-lm-6357's sniff (it builds a small model's layer spec on CPU)
+    (UserWarning, "Only transformer-engine>=1.7.0 supports MoE experts"),
 )
 
 # (logger, start of the message) of notices logged at import time.
