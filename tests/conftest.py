@@ -30,7 +30,9 @@ def tilelang_dsa() -> ModuleType:
 def fake_kernel(tilelang_dsa: ModuleType, monkeypatch: pytest.MonkeyPatch) -> FakeSparseMLA:
     """Replace only the TileLang kernel; everything else is the real megatron-core."""
     kernel = FakeSparseMLA()
-    monkeypatch.setattr(tilelang_dsa, "SparseMLA", kernel)
+    # #7617's sniff calls a copy of the function with a recorder of its own: no proof
+    # depends on which kernel the module holds.
+    swap_keeping_answers(monkeypatch, tilelang_dsa, "SparseMLA", kernel)
     return kernel
 
 
@@ -131,20 +133,23 @@ def _builtins_and_the_tests_own_plugins(
 _MONKEYPATCHES: "weakref.WeakSet[pytest.MonkeyPatch]" = weakref.WeakSet()
 
 
-# Swaps that keep every answer (memos of a child's answer, the user's plugins hidden: a
-# plugin's entry is keyed by its own code): the shared proofs still serve the test.
-_SAME_ANSWERS: list[tuple[object, str]] = [(importlib.metadata, "entry_points")]
+# Swaps that keep every answer: the user's plugins hidden (a plugin's entry is keyed by its
+# own code), and each value ``swap_keeping_answers`` put in place (a memo of a child's answer).
+_SAME_ANSWERS: dict[tuple[int, str], tuple[object, object]] = {}
 
 
 def swap_keeping_answers(patch: pytest.MonkeyPatch, obj: object, name: str, value: object) -> None:
     """``patch.setattr(obj, name, value)`` for a ``value`` that answers as the original
     does (a memo of what a child said): the session's shared proofs keep serving."""
     patch.setattr(obj, name, value)
-    _SAME_ANSWERS.append((obj, name))
+    _SAME_ANSWERS[id(obj), name] = (obj, value)
 
 
 def _keeps_answers(obj: object, name: str) -> bool:
-    return any(known is obj and name == known_name for known, known_name in _SAME_ANSWERS)
+    if obj is importlib.metadata and name == "entry_points":
+        return True
+    known = _SAME_ANSWERS.get((id(obj), name))
+    return known is not None and known[0] is obj and getattr(obj, name, None) is known[1]
 
 
 def swapped_in_memory() -> str | None:
