@@ -126,7 +126,9 @@ def _builtins_and_the_tests_own_plugins(
 #   or under an id of its own that no plugin loaded (``probe(spec)`` of a made-up entry);
 # - every entry while something is swapped in memory through a ``MonkeyPatch`` (an attribute,
 #   a dict item other than an environment variable, ``sys.path``): the key covers files and the
-#   targets' code, never a sniff or a helper replaced in memory.
+#   targets' code, never a sniff or a helper replaced in memory. (An attribute of megatron's
+#   own modules leaves the entries sniffed in child interpreters served: a child imports
+#   megatron afresh.)
 # A plugin's entry is keyed by its plugin's code and shared like a builtin. A test that swaps
 # something by plain assignment and then probes uses monkeypatch or the marker.
 
@@ -152,11 +154,22 @@ def _keeps_answers(obj: object, name: str) -> bool:
     return known is not None and known[0] is obj and getattr(obj, name, None) is known[1]
 
 
-def swapped_in_memory() -> str | None:
-    """What a live MonkeyPatch has swapped that a stored proof could not know of, or None."""
+def _of_megatron(obj: object) -> bool:
+    """A megatron module, or a class or function one defines."""
+    name = obj.__name__ if isinstance(obj, ModuleType) else getattr(obj, "__module__", None)
+    return isinstance(name, str) and (name == "megatron" or name.startswith("megatron."))
+
+
+def swapped_in_memory(in_child: bool = False) -> str | None:
+    """What a live MonkeyPatch has swapped that a stored proof could not know of, or None.
+
+    ``in_child``: the entry's sniff runs in child interpreters, which import megatron
+    afresh and never see what this process swapped in megatron's modules (the key covers
+    the targets' code and files); a swap of anything else (this package's code, ``sys``,
+    ``subprocess``) still counts."""
     for patch in list(_MONKEYPATCHES):
         for obj, name, _ in patch._setattr:
-            if not _keeps_answers(obj, name):
+            if not _keeps_answers(obj, name) and not (in_child and _of_megatron(obj)):
                 return f"{getattr(obj, '__name__', type(obj).__name__)}.{name}"
         for mapping, name, _ in patch._setitem:
             if mapping is not os.environ:
@@ -192,7 +205,7 @@ def _session_proofs(shared_proof_store: Path) -> Iterator[None]:
             return found  # a test's own store: its own business
         if kwargs.get("plugin") is None and builtins.get(spec.id) != spec:
             return None  # an entry the test built: its sniff is no part of the key
-        if swapped_in_memory() is not None:
+        if swapped_in_memory(in_child=kwargs.get("child_path") is not None) is not None:
             return None
         return found
 

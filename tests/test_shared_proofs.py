@@ -10,12 +10,14 @@ import dataclasses
 
 import pytest
 
-from backports.megatron import Verdict, catalog, status
-from backports.megatron.catalog import megatron_lm_6682
+from backports.megatron import Verdict, catalog, decision, status
+from backports.megatron.catalog import megatron_lm_6682, megatron_lm_6964
 from backports.megatron.model import SniffResult
+from tests import standins
 from tests.deciding import probe
 
 ID = "megatron-lm-6682"
+IN_CHILD = "megatron-lm-6964"  # its sniff imports megatron in child interpreters
 
 
 def _fixed(*_: object) -> SniffResult:
@@ -55,6 +57,24 @@ def test_a_made_up_id_is_never_stored_or_served() -> None:
     for _ in range(2):
         decided = probe(made_up)
         assert decided.verdict is Verdict.UPSTREAM and "cache" not in decided.evidence
+
+
+def test_a_swap_in_megatron_keeps_a_child_sniffs_proof_but_not_a_swap_of_ours(
+    tilelang_dsa: object,
+) -> None:
+    """A child imports megatron afresh: what this process swapped in megatron's modules
+    never reaches it, so the proof of a sniff run in children still serves; a swap of this
+    package's code (what runs the children) does not. Keys only: no sniff runs here."""
+    in_child, in_process = catalog.by_id(IN_CHILD), catalog.by_id(ID)
+    _status()  # imports #6682's target module: its key can be computed
+    assert decision.cache_key(in_child) is not None
+    assert decision.cache_key(in_process) is not None
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.fixed_upstream)
+        assert decision.cache_key(in_child) is not None
+        assert decision.cache_key(in_process) is None  # sniffed here: it could see it
+        patch.setattr(megatron_lm_6964, "import_in_child", lambda *args: {})
+        assert decision.cache_key(in_child) is None
 
 
 @pytest.mark.private_proofs
