@@ -4,7 +4,9 @@ import functools
 import importlib
 import importlib.metadata
 import os
+import weakref
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -28,7 +30,9 @@ def tilelang_dsa() -> ModuleType:
 def fake_kernel(tilelang_dsa: ModuleType, monkeypatch: pytest.MonkeyPatch) -> FakeSparseMLA:
     """Replace only the TileLang kernel; everything else is the real megatron-core."""
     kernel = FakeSparseMLA()
-    monkeypatch.setattr(tilelang_dsa, "SparseMLA", kernel)
+    # #7617's sniff calls a copy of the function with a recorder of its own: no proof
+    # depends on which kernel the module holds.
+    swap_keeping_answers(monkeypatch, tilelang_dsa, "SparseMLA", kernel)
     return kernel
 
 
@@ -110,8 +114,123 @@ def _builtins_and_the_tests_own_plugins(
     catalog.reload()
 
 
+# ---- one proof store for the session (issue 43, item 2) -------------------------------------
+# A status() or apply() proves every builtin entry; #6964's import-guard children and #6890's
+# Triton child take seconds each. With the store off in every test, each test paid them
+# again. The tests share one store for the session instead (a temporary folder, the cache
+# on): each proof is made once. A stored proof serves a test only where it proves what the
+# test would have found by itself; probed without the store, as before, are
+# - every entry of a test marked ``private_proofs`` (the store off): the tests of the store,
+#   of the sniffs' children, and any test that counts what a probe runs;
+# - an entry the test built itself under a builtin's id (another sniff: ``dataclasses.replace``)
+#   or under an id of its own that no plugin loaded (``probe(spec)`` of a made-up entry);
+# - every entry while something is swapped in memory through a ``MonkeyPatch`` (an attribute,
+#   a dict item other than an environment variable, ``sys.path``): the key covers files and the
+#   targets' code, never a sniff or a helper replaced in memory. (An attribute of megatron's
+#   own modules leaves the entries sniffed in child interpreters served: a child imports
+#   megatron afresh.)
+# A plugin's entry is keyed by its plugin's code and shared like a builtin. A test that swaps
+# something by plain assignment and then probes uses monkeypatch or the marker.
+
+_MONKEYPATCHES: "weakref.WeakSet[pytest.MonkeyPatch]" = weakref.WeakSet()
+
+
+# Swaps that keep every answer: the user's plugins hidden (a plugin's entry is keyed by its
+# own code), and each value ``swap_keeping_answers`` put in place (a memo of a child's answer).
+_SAME_ANSWERS: dict[tuple[int, str], tuple[object, object]] = {}
+
+
+def swap_keeping_answers(patch: pytest.MonkeyPatch, obj: object, name: str, value: object) -> None:
+    """``patch.setattr(obj, name, value)`` for a ``value`` that answers as the original
+    does (a memo of what a child said): the session's shared proofs keep serving."""
+    patch.setattr(obj, name, value)
+    _SAME_ANSWERS[id(obj), name] = (obj, value)
+
+
+def _keeps_answers(obj: object, name: str) -> bool:
+    if obj is importlib.metadata and name == "entry_points":
+        return True
+    known = _SAME_ANSWERS.get((id(obj), name))
+    return known is not None and known[0] is obj and getattr(obj, name, None) is known[1]
+
+
+def _of_megatron(obj: object) -> bool:
+    """A megatron module, or a class or function one defines."""
+    name = obj.__name__ if isinstance(obj, ModuleType) else getattr(obj, "__module__", None)
+    return isinstance(name, str) and (name == "megatron" or name.startswith("megatron."))
+
+
+def swapped_in_memory(in_child: bool = False) -> str | None:
+    """What a live MonkeyPatch has swapped that a stored proof could not know of, or None.
+
+    ``in_child``: the entry's sniff runs in child interpreters, which import megatron
+    afresh and never see what this process swapped in megatron's modules (the key covers
+    the targets' code and files); a swap of anything else (this package's code, ``sys``,
+    ``subprocess``) still counts."""
+    for patch in list(_MONKEYPATCHES):
+        for obj, name, _ in patch._setattr:
+            if not _keeps_answers(obj, name) and not (in_child and _of_megatron(obj)):
+                return f"{getattr(obj, '__name__', type(obj).__name__)}.{name}"
+        for mapping, name, _ in patch._setitem:
+            if mapping is not os.environ:
+                return f"item {name!r}"
+        if patch._savesyspath is not None:
+            return "sys.path"
+    return None
+
+
+@pytest.fixture(scope="session")
+def shared_proof_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the session's proof store."""
+    return tmp_path_factory.mktemp("proof-store")
+
+
+@pytest.fixture(scope="session")
+def _session_proofs(shared_proof_store: Path) -> Iterator[None]:
+    """Proofs from the shared store only for what the test did not change (see above)."""
+    from backports.megatron import catalog
+    from backports.megatron.decision import verdict_cache
+
+    builtins = {spec.id: spec for spec in catalog.CATALOG}
+    real_key = verdict_cache.key
+    real_init = pytest.MonkeyPatch.__init__
+
+    def tracked_init(self: pytest.MonkeyPatch) -> None:
+        real_init(self)
+        _MONKEYPATCHES.add(self)
+
+    def key(spec: Any, *args: Any, **kwargs: Any) -> dict[str, object] | None:
+        found = real_key(spec, *args, **kwargs)
+        if found is None or os.environ.get(verdict_cache.CACHE_DIR) != str(shared_proof_store):
+            return found  # a test's own store: its own business
+        if kwargs.get("plugin") is None and builtins.get(spec.id) != spec:
+            return None  # an entry the test built: its sniff is no part of the key
+        if swapped_in_memory(in_child=kwargs.get("child_path") is not None) is not None:
+            return None
+        return found
+
+    with pytest.MonkeyPatch.context() as patch:
+        # Not tracked itself: it is made before tracked_init is in place.
+        patch.setattr(pytest.MonkeyPatch, "__init__", tracked_init)
+        patch.setattr(verdict_cache, "key", key)
+        yield
+
+
+@pytest.fixture
+def _proof_store_of_the_test(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, shared_proof_store: Path
+) -> None:
+    if request.node.get_closest_marker("private_proofs"):
+        monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE", "0")
+        return
+    monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE", "1")
+    monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE_DIR", str(shared_proof_store))
+
+
 @pytest.fixture(autouse=True)
-def _no_backport_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _no_backport_leaks(
+    monkeypatch: pytest.MonkeyPatch, _session_proofs: None, _proof_store_of_the_test: None
+) -> Iterator[None]:
     """Each test starts and ends with nothing installed and no pending hook."""
     monkeypatch.delenv("MEGATRON_BACKPORTS", raising=False)
     monkeypatch.delenv("MEGATRON_BACKPORTS_SKIP", raising=False)
@@ -119,8 +238,6 @@ def _no_backport_leaks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     # Warnings an earlier test gave would silence this test's as a parent's would a child's.
     monkeypatch.setenv("MEGATRON_BACKPORTS_SAID", "")
-    # Tests swap functions and sniffs in memory; the verdict cache has its own tests.
-    monkeypatch.setenv("MEGATRON_BACKPORTS_CACHE", "0")
     monkeypatch.delenv("MEGATRON_BACKPORTS_SAID")
     revert()
     SESSION.reset()  # a new session per test: nothing installed, watched, said or loaded

@@ -122,7 +122,7 @@ def test_one_warning_per_verdict_over_repeated_apply(tilelang_dsa, monkeypatch):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(3):
-            report = report_for(apply(), BACKPORT_ID)
+            report = report_for(apply(BACKPORT_ID), BACKPORT_ID)  # alone: a swap, no proof
             assert report.verdict is Verdict.UPSTREAM and report.action is Action.SKIPPED
     backport_warnings = [w for w in caught if issubclass(w.category, BackportWarning)]
     assert len(backport_warnings) == 1
@@ -223,7 +223,7 @@ def test_strict_raises_on_incompatible(tilelang_dsa, monkeypatch):
 def test_incompatible_is_skipped_with_a_warning(tilelang_dsa, monkeypatch):
     monkeypatch.setattr(tilelang_dsa, "fused_sparse_mla_absorbed", standins.new_signature)
     with pytest.warns(BackportWarning, match="incompatible"):
-        report = report_for(apply(), BACKPORT_ID)
+        report = report_for(apply(BACKPORT_ID), BACKPORT_ID)  # alone: a swap, no proof
     assert report.action is Action.SKIPPED
     assert tilelang_dsa.fused_sparse_mla_absorbed is standins.new_signature
 
@@ -233,7 +233,7 @@ def test_drifted_vendored_file_is_never_installed(tilelang_dsa, monkeypatch):
     monkeypatch.setattr(probe_module, "read_upstream", lambda ref: {**real(ref), "sha256": "0"})
     original = tilelang_dsa.fused_sparse_mla_absorbed
     with pytest.warns(BackportWarning, match="sha256"):
-        report = report_for(apply(), BACKPORT_ID)
+        report = report_for(apply(BACKPORT_ID), BACKPORT_ID)  # alone: a swap, no proof
     assert report.verdict is Verdict.INCOMPATIBLE
     assert tilelang_dsa.fused_sparse_mla_absorbed is original
     with pytest.raises(BackportError):

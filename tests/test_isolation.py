@@ -18,6 +18,8 @@ from backports.megatron.job import start_up
 from backports.megatron.model import SniffResult
 from tests.reports import report_for
 
+pytestmark = pytest.mark.private_proofs  # the sniffs' children run in each test: no stored proof
+
 # A module that says it ran, where a child could take it from the working directory.
 _SPY = "import os, sys\nopen(os.environ['SPY_FILE'], 'a').write(f'{__name__} ran\\n')\n"
 

@@ -24,7 +24,7 @@ from tests.conftest import skip_environment_plugins
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import training_env
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.private_proofs]  # about the proof store
 
 CHILD_SNIFFED = ("megatron-lm-6964", "megatron-lm-6890")
 

@@ -23,6 +23,8 @@ from backports.megatron.catalog import by_id
 from backports.megatron.decision import verdict_cache
 from tests.conftest import BACKPORT_ID
 
+pytestmark = pytest.mark.private_proofs  # tests of the proof store: their own store, or none
+
 SPEC = by_id(BACKPORT_ID)
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="files owned by root need root")
 

@@ -18,6 +18,8 @@ from backports.megatron.evidence import fingerprints
 from tests import standins
 from tests.conftest import BACKPORT_ID
 
+pytestmark = pytest.mark.private_proofs  # tests of the proof store: their own store, or none
+
 
 @pytest.fixture
 def cache(monkeypatch, tmp_path) -> Path:

@@ -27,6 +27,8 @@ from backports.megatron.kinds.import_guard import ImportGuard
 from backports.megatron.model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES
 from tests.deciding import probe
 
+pytestmark = pytest.mark.private_proofs  # tests of the proof store: their own store, or none
+
 MODULE = "guarded_by_test.attention"
 RECORD = "guarded_by_test/attention.py,sha256=AAAA,17\nguarded_by_test-1.0.dist-info/RECORD,,\n"
 
