@@ -90,6 +90,31 @@ def test_a_sniff_that_hangs_is_judged_timed_out_and_the_job_goes_on(monkeypatch)
     assert type(outcome).__name__ == "SniffFailed" and "timed out after 0.5 s" in str(outcome)
 
 
+def test_a_slow_first_import_the_sniff_needs_is_not_the_sniffs_time(
+    tmp_path, monkeypatch
+):
+    """``sniff_imports`` are imported before the clock starts: a module whose first import
+    outlasts the limit (a fresh host's megatron) leaves the sniff inside it."""
+    import dataclasses
+    import sys
+    import time
+
+    (tmp_path / "slow_to_import_6507.py").write_text("import time\ntime.sleep(1.5)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "slow_to_import_6507", raising=False)
+    monkeypatch.setenv(sniffing.TIMEOUT, "1")
+
+    def sniff(targets):  # type: ignore[no-untyped-def]
+        started = time.monotonic()
+        import slow_to_import_6507  # noqa: F401
+
+        return SniffResult(True, f"ran in {time.monotonic() - started:.1f} s")
+
+    spec = dataclasses.replace(_spec_with(sniff), sniff_imports=("slow_to_import_6507",))
+    ((outcome,)) = sniffing.run_sniffs(spec, [[]], in_child=False)
+    assert isinstance(outcome, SniffResult) and outcome.summary == "ran in 0.0 s"
+
+
 def test_a_sniff_that_hangs_makes_the_backport_incompatible(tilelang_dsa, monkeypatch):
     import threading
 

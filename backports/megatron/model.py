@@ -254,6 +254,11 @@ class BackportSpec:
     # then grouped by distribution, each group judged and installed on its own evidence
     # (``parts()``); the first target's distribution is dated by the fields above.
     copies: tuple[Copy, ...] = ()
+    # Modules the installed code imports lazily on the sniff's path (#6507's builder imports
+    # MiMo inside its body): imported before the sniff's clock starts, in the caller's
+    # thread, because a first import on a fresh host (bytecode not yet compiled, children
+    # importing beside it) can outlast the in-process limit and is not the sniff's time.
+    sniff_imports: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.targets:

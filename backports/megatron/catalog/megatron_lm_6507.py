@@ -153,4 +153,7 @@ SPEC = BackportSpec(
     # No megatron-core release carries it yet (0.19.2 is the newest on PyPI and lacks it).
     fixed_in=None,
     sniff=_sniff,
+    # The builder's first line imports MiMo: on a fresh GPU host that first import outlasted
+    # the in-process limit (tests/gpu, H100, 2026-12-06: "sniff timed out after 60 s").
+    sniff_imports=("megatron.core.models.mimo.model.base",),
 )

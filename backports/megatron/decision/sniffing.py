@@ -19,6 +19,7 @@ the vendored function given those globals in the local changes, then calls that.
 import ast
 import builtins
 import contextlib
+import importlib
 import inspect
 import os
 import random
@@ -137,6 +138,7 @@ def run_sniffs(
     (``SniffFailed`` when it timed out, ``TypeError`` for a result of another type)."""
     limit = sniff_time_limit(in_child)
     outcomes: list[list[object]] = [[] for _ in target_sets]
+    _import_before_the_clock(spec.sniff_imports)
 
     def sniff(targets: Sequence[Resolved], outcome: list[object]) -> None:
         try:
@@ -165,6 +167,16 @@ def run_sniffs(
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
     return [_outcome(outcome, limit) for outcome in outcomes]
+
+
+def _import_before_the_clock(modules: Sequence[str]) -> None:
+    """``spec.sniff_imports``, outside the time limit. One that fails to import is left to
+    the sniff, which meets the same error inside its bounds and reports it."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - reported by the sniff that needs it
+            continue
 
 
 def _outcome(outcome: list[object], limit: float) -> SniffResult | BaseException:
