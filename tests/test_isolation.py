@@ -90,9 +90,7 @@ def test_a_sniff_that_hangs_is_judged_timed_out_and_the_job_goes_on(monkeypatch)
     assert type(outcome).__name__ == "SniffFailed" and "timed out after 0.5 s" in str(outcome)
 
 
-def test_a_slow_first_import_the_sniff_needs_is_not_the_sniffs_time(
-    tmp_path, monkeypatch
-):
+def test_a_slow_first_import_the_sniff_needs_is_not_the_sniffs_time(tmp_path, monkeypatch):
     """``sniff_imports`` are imported before the clock starts: a module whose first import
     outlasts the limit (a fresh host's megatron) leaves the sniff inside it."""
     import dataclasses

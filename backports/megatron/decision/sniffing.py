@@ -175,7 +175,7 @@ def _import_before_the_clock(modules: Sequence[str]) -> None:
     for name in modules:
         try:
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - reported by the sniff that needs it
+        except Exception:  # reported by the sniff that needs it
             continue
 
 
