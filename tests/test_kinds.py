@@ -12,11 +12,13 @@ import pytest
 
 from backports.megatron import BackportWarning
 from backports.megatron.job.announce import announce
-from backports.megatron.kinds import kind_of
+from backports.megatron.kinds import TargetMissing, kind_of
+from backports.megatron.kinds._base import BaseKind
 from backports.megatron.kinds.constructor import Constructor
+from backports.megatron.kinds.import_guard import ImportGuard
 from backports.megatron.kinds.install import installed, uninstall
 from backports.megatron.kinds.module_attribute import ModuleAttribute
-from backports.megatron.model import Target
+from backports.megatron.model import Resolved, Target
 from backports.megatron.report import Action, Report, Verdict
 from tests.installing import install
 
@@ -286,3 +288,89 @@ def test_a_constant_is_rebound_where_imported_by_name_and_nowhere_else(const_pkg
     assert const_pkg.starred.LIMIT == 64
     # The revert put 64 back where 128 was ours only: an unrelated 128 stays.
     assert const_pkg.unrelated.WIDTH == 128 and os.O_CREAT == 64
+
+
+# ---- the base class and the record a sniff gets (issue 43 item 5) ----------------------------
+
+
+class _Stub(BaseKind[types.SimpleNamespace]):
+    """A kind written from the base: only what no default can know."""
+
+    name = "stub"
+
+    def found_in(self, module, target, backport_id):  # type: ignore[no-untyped-def]
+        held = vars(module).get(target.attribute)
+        return (
+            None
+            if held is None
+            else types.SimpleNamespace(module_name=module.__name__, original=held)
+        )
+
+    def fingerprint(self, target, resolved):  # type: ignore[no-untyped-def]
+        return None
+
+    def stand_in(self, target, resolved, replacement):  # type: ignore[no-untyped-def]
+        return types.SimpleNamespace(module_name=resolved.module_name, original=replacement)
+
+    def install(self, backport_id, target, resolved, replacement, markers, aliases):  # type: ignore[no-untyped-def]
+        raise AssertionError("not installed here")
+
+    def uninstall(self, part):  # type: ignore[no-untyped-def]
+        raise AssertionError("not installed here")
+
+    def is_live(self, part):  # type: ignore[no-untyped-def]
+        return False
+
+    def bound(self, resolved):  # type: ignore[no-untyped-def]
+        return resolved.original
+
+    def evidence(self, target, resolved):  # type: ignore[no-untyped-def]
+        return {}
+
+
+def test_a_kind_written_from_the_base_class_gets_the_shared_defaults(monkeypatch):
+    """Finding goes through ``found_in`` over the candidate modules, newest first; the rest
+    is what most kinds share (judged here, after the import, nothing to count or refuse)."""
+    newer, older = types.ModuleType("stub_newer"), types.ModuleType("stub_older")
+    older.thing = thing = object()
+    monkeypatch.setitem(sys.modules, newer.__name__, newer)
+    monkeypatch.setitem(sys.modules, older.__name__, older)
+    target = Target("megatron-core", (newer.__name__, older.__name__, "stub_absent"), "thing", ())
+    kind = _Stub()
+    found = kind.find(target, ID)
+    assert found is not None and found.original is thing and found.module_name == "stub_older"
+    assert kind.resolve(target, ID) == found
+    missing = dataclasses.replace(target, attribute="other")
+    assert kind.find(missing, ID) is None
+    with pytest.raises(TargetMissing, match=r"stub_newer \(no other\); .*stub_absent \(no such"):
+        kind.resolve(missing, ID)
+    assert (kind.before_import, kind.sniff_in_child) == (False, False)
+    assert kind.stock(target, found) is found and kind.refusal(target, found, ["x"]) is None
+    assert kind.existing(found) == 0 and kind.aliases(found) == []
+    assert kind.after_install([]) == ("", {})
+    with kind.unlike_any_version(target, found) as unlike:
+        assert unlike is False
+    vendored = types.ModuleType("stub_vendored")
+    vendored.thing = replacement = object()
+    assert kind.replacement(target, vendored) is replacement
+
+
+def test_a_kind_must_say_what_no_default_can_know():
+    class Unfinished(BaseKind[types.SimpleNamespace]):
+        name = "unfinished"
+
+    with pytest.raises(TypeError, match="abstract"):
+        Unfinished()  # type: ignore[abstract]
+
+
+def test_every_builtin_kind_is_built_on_the_base_and_gives_sniffs_a_resolved(rope):
+    """The record each kind gives out (what a sniff gets) has ``Resolved``'s members."""
+    function = Target(
+        "megatron-core", ("megatron.core.utils",), "divide", ("numerator", "denominator")
+    )
+    guard = ImportGuard("megatron-core", ("megatron.core.stub_guarded",), "guarded")
+    for target in (KERNEL, function, guard):
+        kind = kind_of(target)
+        assert isinstance(kind, BaseKind), kind.name
+        resolved = kind.resolve(target, ID)
+        assert isinstance(resolved, Resolved) and kind.stock(target, resolved).original is not None

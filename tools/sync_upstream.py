@@ -21,13 +21,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(1, str(ROOT))  # this checkout's package, installed or not
 
-from backports.megatron.sync import cli  # noqa: E402
+from backports.megatron.commands import sync as command  # noqa: E402
 
 __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return cli.main(argv, prog="sync_upstream.py")
+    return command.main(argv, prog="sync_upstream.py")
 
 
 if __name__ == "__main__":

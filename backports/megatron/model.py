@@ -3,7 +3,8 @@
 A ``BackportSpec`` names its ``Target``s, the ``Sniff`` that tells from behaviour whether
 the installed code has the fix (a ``SniffResult``, or ``SniffFailed``), the vendored
 replacement (``VendoredRef``) and the ``LocalChange``s this project adds around it.
-``ResolvedTarget`` is what a target turned out to be in this process, as a sniff sees it.
+``Resolved`` is what a target turned out to be in this process, as a sniff sees it (each
+kind records its own: ``ResolvedTarget`` for a function or method).
 
 A builtin entry leaves out what its id implies: the vendored package
 (``backports.megatron._vendor.<id with underscores>``), the vendored module (the last part
@@ -16,7 +17,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol, cast, runtime_checkable
 
 from packaging.version import Version
 
@@ -29,6 +30,7 @@ __all__ = [
     "BackportSpec",
     "Copy",
     "LocalChange",
+    "Resolved",
     "ResolvedTarget",
     "Sniff",
     "SniffFailed",
@@ -36,6 +38,7 @@ __all__ = [
     "Target",
     "VendoredRef",
     "module_name_of",
+    "recorded_as",
 ]
 
 # Where builtin entries' vendored folders are installed (vendor/<id>/ in a checkout).
@@ -106,6 +109,27 @@ class Target:
         """Why this target cannot stand among an entry's ``targets``, or None (a kind with
         a rule of its own, such as the import guard, says it here)."""
         return None
+
+
+@runtime_checkable
+class Resolved(Protocol):
+    """A target as found in this process: what every kind's record of one has (the function
+    kind's ``ResolvedTarget``, the import guard's ``GuardTarget``, a module attribute's
+    ``ResolvedAttribute``), and what an entry's sniff receives, one per target.
+
+    A sniff that needs more than these reads its own kind's record (``recorded_as``).
+    """
+
+    @property
+    def module_name(self) -> str:
+        """The module that defines the target (an import guard's: the guarded one)."""
+        ...
+
+    @property
+    def original(self) -> Any:
+        """What stands there: the function, guard or object the sniff judges (ours unwrapped
+        when a backport is installed)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -182,7 +206,14 @@ class VendoredRef:
 
 # sniff(every resolved target, in spec.targets order) -> SniffResult; raising (SniffFailed)
 # means incompatible. It must never write the live module or class (see private_globals).
-Sniff = Callable[[Sequence[ResolvedTarget]], SniffResult]
+Sniff = Callable[[Sequence[Resolved]], SniffResult]
+
+
+def recorded_as[R](targets: Sequence[Resolved], record: type[R]) -> Sequence[R]:
+    """An entry's targets as their kind records them (``ResolvedTarget`` for functions and
+    methods: the module, the owner, the held object), for a sniff that reads more than
+    ``Resolved`` has. No check: a test may hand a sniff stand-ins of its own."""
+    return cast(Sequence[R], targets)
 
 
 @dataclass(frozen=True)

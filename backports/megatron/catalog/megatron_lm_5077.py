@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 from packaging.version import Version
 
-from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
+from ..model import BackportSpec, Resolved, SniffFailed, SniffResult, Target
 from ..private_globals import with_globals
 from ._untyped import MegatronFunction
 
@@ -120,7 +120,7 @@ def _sniff_method(method: MegatronFunction) -> SniffResult:
     raise SniffFailed(f"the parameter after a padded bucket gave {two_buckets['p1']}")
 
 
-def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
+def _sniff(targets: Sequence[Resolved]) -> SniffResult:
     """Sniff a private copy of the method that logs nowhere."""
     (target,) = targets
     return _sniff_method(with_globals(target.original, {"logger": _quiet_logger()}))

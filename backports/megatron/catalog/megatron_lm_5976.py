@@ -19,7 +19,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from ..model import BackportSpec, Copy, ResolvedTarget, SniffFailed, SniffResult, Target
+from ..model import BackportSpec, Copy, Resolved, SniffFailed, SniffResult, Target
 from ._untyped import MegatronFunction
 
 _LR, _WEIGHT_DECAY = 1e-2, 0.1
@@ -106,7 +106,7 @@ def _sniff_function(function: MegatronFunction) -> SniffResult:
     raise SniffFailed(f"fully_shard_optimizer left {detail}")
 
 
-def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
+def _sniff(targets: Sequence[Resolved]) -> SniffResult:
     # One copy at a time: the entry's copies are judged apart (``copies``).
     (target,) = targets
     return _sniff_function(target.original)

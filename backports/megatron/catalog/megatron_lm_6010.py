@@ -25,7 +25,15 @@ from types import ModuleType, SimpleNamespace
 
 from packaging.version import Version
 
-from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
+from ..model import (
+    BackportSpec,
+    Resolved,
+    ResolvedTarget,
+    SniffFailed,
+    SniffResult,
+    Target,
+    recorded_as,
+)
 from ._untyped import MegatronFunction, Tensor
 
 _LLAVA = "megatron.core.models.multimodal.llava_model"
@@ -201,10 +209,10 @@ def _body(target: ResolvedTarget) -> MegatronFunction:
     return inspect.unwrap(target.original)  # type: ignore[no-any-return]
 
 
-def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
+def _sniff(targets: Sequence[Resolved]) -> SniffResult:
     """Fixed iff every language-model call of the three methods gets the model's loss mask;
     needed iff none does; anything between is a release unlike both (incompatible)."""
-    seen = _observe(targets)
+    seen = _observe(recorded_as(targets, ResolvedTarget))
     passed = {where: calls[0]["loss_mask"] != "not passed" for where, calls in seen.items()}
     detail: dict[str, object] = {"language_model_got": seen}
     if all(passed.values()):

@@ -19,7 +19,15 @@ from types import SimpleNamespace
 from packaging.version import Version
 
 from ..kinds.constructor import Constructor
-from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
+from ..model import (
+    BackportSpec,
+    Resolved,
+    ResolvedTarget,
+    SniffFailed,
+    SniffResult,
+    Target,
+    recorded_as,
+)
 from ..private_globals import with_globals
 from ._untyped import MegatronFunction, MegatronObject
 
@@ -98,10 +106,10 @@ def _judge_count_zeros(count_zeros: MegatronFunction) -> tuple[bool, dict[str, o
     return groups == [_TP, _EXPERT_TP], {"count_zeros_fp32_groups": groups}
 
 
-def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
+def _sniff(targets: Sequence[Resolved]) -> SniffResult:
     """Fixed iff the constructor keeps and hands on both groups and ``count_zeros`` passes
     them; needed iff neither does; one without the other is neither release (incompatible)."""
-    init, count_zeros = targets
+    init, count_zeros = recorded_as(targets, ResolvedTarget)
     owner = init.owner
     if not isinstance(owner, type):
         raise SniffFailed(f"{init.attribute} is not a method of a class: {owner!r}")

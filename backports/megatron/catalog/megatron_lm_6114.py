@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 from packaging.version import Version
 
-from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
+from ..model import BackportSpec, Resolved, SniffFailed, SniffResult, Target
 from ._untyped import MegatronFunction, Tensor
 
 _EXPERTS = 4
@@ -130,7 +130,7 @@ def _sniff_body(body: MegatronFunction) -> SniffResult:
     return SniffResult(square_fixed, summary, detail)
 
 
-def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
+def _sniff(targets: Sequence[Resolved]) -> SniffResult:
     """Sniff the method's undecorated body; the compiled wrapper is never called."""
     return _sniff_body(inspect.unwrap(targets[0].original))
 

@@ -19,7 +19,15 @@ from typing import Any
 
 from packaging.version import Version
 
-from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
+from ..model import (
+    BackportSpec,
+    Resolved,
+    ResolvedTarget,
+    SniffFailed,
+    SniffResult,
+    Target,
+    recorded_as,
+)
 from ..private_globals import ModuleView, with_globals
 from ._untyped import MegatronFunction
 
@@ -88,8 +96,8 @@ def _sniff_function(function: MegatronFunction, stock: MegatronFunction) -> Snif
     raise SniffFailed(f"with the flag, an empty load directory gave {flagged!r}")
 
 
-def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
-    (target,) = targets
+def _sniff(targets: Sequence[Resolved]) -> SniffResult:
+    (target,) = recorded_as(targets, ResolvedTarget)
     stock: Callable[..., Any] = target.held
     return _sniff_function(target.original, stock)
 

@@ -31,7 +31,16 @@ from typing import Any
 from packaging.version import Version
 
 from ..kinds.constructor import Constructor
-from ..model import BackportSpec, Copy, ResolvedTarget, SniffFailed, SniffResult, Target
+from ..model import (
+    BackportSpec,
+    Copy,
+    Resolved,
+    ResolvedTarget,
+    SniffFailed,
+    SniffResult,
+    Target,
+    recorded_as,
+)
 from ..private_globals import with_globals
 from ._untyped import MegatronFunction
 
@@ -149,11 +158,11 @@ def _judge_overwrite(target: ResolvedTarget) -> bool:
     return seen == _FIXED_OVERWRITE
 
 
-def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
+def _sniff(targets: Sequence[Resolved]) -> SniffResult:
     """Per copy: megatron-core's (the constructor and the method: both fixed, or neither,
     else incompatible) or megatron-fsdp's (the method)."""
     judged: dict[str, bool] = {}
-    for target in targets:
+    for target in recorded_as(targets, ResolvedTarget):
         if target.name == "__init__":
             judged["units"] = _judge_units(target)
         else:

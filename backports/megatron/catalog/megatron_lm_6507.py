@@ -18,7 +18,15 @@ from typing import Any
 
 from packaging.version import Version
 
-from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
+from ..model import (
+    BackportSpec,
+    Resolved,
+    ResolvedTarget,
+    SniffFailed,
+    SniffResult,
+    Target,
+    recorded_as,
+)
 from ..private_globals import with_globals
 from ._untyped import MegatronFunction
 
@@ -122,8 +130,8 @@ def _sniff_function(function: MegatronFunction, stock: MegatronFunction) -> Snif
     raise SniffFailed(f"the standard path cleared {standard['cleared']}")
 
 
-def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
-    (target,) = targets
+def _sniff(targets: Sequence[Resolved]) -> SniffResult:
+    (target,) = recorded_as(targets, ResolvedTarget)
     return _sniff_function(target.original, target.held)
 
 

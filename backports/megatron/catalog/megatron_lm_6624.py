@@ -25,7 +25,15 @@ from collections.abc import Sequence
 
 from packaging.version import Version
 
-from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
+from ..model import (
+    BackportSpec,
+    Resolved,
+    ResolvedTarget,
+    SniffFailed,
+    SniffResult,
+    Target,
+    recorded_as,
+)
 from ._untyped import DType, MegatronFunction, Tensor
 
 _TOKENS, _IN, _OUT = 3, 4, 4  # a [3, 4] input through a [4, 4] weight, sharded on 2 ranks
@@ -176,11 +184,11 @@ def _installed_forward(owner: object) -> MegatronFunction:
     return inspect.unwrap(held.__func__)  # type: ignore[no-any-return]
 
 
-def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
+def _sniff(targets: Sequence[Resolved]) -> SniffResult:
     """Sniff the undecorated backward (``custom_bwd``'s wrapper is never called: it needs the
     autocast state a real ``forward`` leaves on ``ctx``) on the ctx the installed forward
     builds."""
-    (target,) = targets
+    (target,) = recorded_as(targets, ResolvedTarget)
     return _sniff_body(_installed_forward(target.owner), inspect.unwrap(target.original))
 
 

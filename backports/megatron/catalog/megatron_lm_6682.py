@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 from packaging.version import Version
 
-from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
+from ..model import BackportSpec, Resolved, SniffFailed, SniffResult, Target
 from ._untyped import MegatronFunction
 
 # A user turn then an assistant turn; the stand-in tokenizer gives each turn two ids.
@@ -86,7 +86,7 @@ def _sniff_method(method: MegatronFunction) -> SniffResult:
     raise SniffFailed(f"the identity format gave tokens {tokens}, targets {target}")
 
 
-def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
+def _sniff(targets: Sequence[Resolved]) -> SniffResult:
     (target,) = targets
     return _sniff_method(target.original)
 

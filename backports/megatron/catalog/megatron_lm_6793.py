@@ -15,7 +15,16 @@ from types import SimpleNamespace
 
 from packaging.version import Version
 
-from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target, VendoredRef
+from ..model import (
+    BackportSpec,
+    Resolved,
+    ResolvedTarget,
+    SniffFailed,
+    SniffResult,
+    Target,
+    VendoredRef,
+    recorded_as,
+)
 from ..private_globals import with_globals
 from ._untyped import MegatronFunction, MegatronObject, Tensor
 
@@ -158,10 +167,10 @@ def _judge(run: _Run) -> bool:
     raise SniffFailed(f"neither the 0.19.2 leak nor the fix: {run}")
 
 
-def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
+def _sniff(targets: Sequence[Resolved]) -> SniffResult:
     """Fixed iff F1's recompute reads F1's top-k and nothing is left on the mask or config,
     with a mask and without one."""
-    forward, carrier = targets
+    forward, carrier = recorded_as(targets, ResolvedTarget)
     runs = {
         "with_mask": _replay(forward, carrier, masked=True),
         "without_mask": _replay(forward, carrier, masked=False),

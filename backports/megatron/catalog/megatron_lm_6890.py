@@ -29,8 +29,16 @@ from typing import TypedDict
 from packaging.version import Version
 
 from ..interpreter.children import run_python_file
-from ..kinds.module_attribute import ModuleAttribute
-from ..model import VENDOR_PACKAGE, BackportSpec, Renamed, ResolvedTarget, SniffFailed, SniffResult
+from ..kinds.module_attribute import ModuleAttribute, ResolvedAttribute
+from ..model import (
+    VENDOR_PACKAGE,
+    BackportSpec,
+    Renamed,
+    Resolved,
+    SniffFailed,
+    SniffResult,
+    recorded_as,
+)
 
 _MODULE = "megatron.core.fusions.fused_mla_yarn_rope_apply"
 KERNELS = (
@@ -71,7 +79,7 @@ class ChildAnswer(TypedDict):
     megatron: str
 
 
-def _address(target: ResolvedTarget) -> tuple[str, str]:
+def _address(target: ResolvedAttribute) -> tuple[str, str]:
     """(module, attribute) where a child finds the kernel ``target.original``: the target's
     own module (the installed kernel), the vendored module, or any module holding it."""
     name, kernel = target.attribute, target.original
@@ -182,10 +190,12 @@ def _judge(kernels: KernelRuns) -> dict[str, bool]:
     return verdicts
 
 
-def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
+def _sniff(targets: Sequence[Resolved]) -> SniffResult:
     """Fixed iff all four kernels are exact on 6 heads with ``BLOCK_H=4``; needed iff none
     is; some but not all is a release unlike both (incompatible)."""
-    addresses = {target.attribute: _address(target) for target in targets}
+    addresses = {
+        target.attribute: _address(target) for target in recorded_as(targets, ResolvedAttribute)
+    }
     seen = _seen(addresses)
     fixed = _judge(seen["kernels"])
     detail = {"kernels": seen["kernels"], "megatron": seen.get("megatron")}

@@ -21,7 +21,7 @@ from packaging.version import Version
 from ..evidence.fingerprints import module_file
 from ..interpreter.children import child_path, run_python
 from ..kinds.import_guard import ImportGuard
-from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult
+from ..model import BackportSpec, Resolved, SniffFailed, SniffResult
 from ._untyped import MegatronFunction
 
 _MODULE = "megatron.core.transformer.attention"
@@ -105,7 +105,7 @@ def _import_beside_stale_cute(guard: MegatronFunction) -> dict[str, object]:
     return dict(_SEEN[key])
 
 
-def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
+def _sniff(targets: Sequence[Resolved]) -> SniffResult:
     """Fixed iff the module imports with FA4 off beside a stale flash_attn.cute."""
     (target,) = targets
     seen = _import_beside_stale_cute(target.original)

@@ -10,7 +10,15 @@ from collections.abc import Sequence
 
 from packaging.version import Version
 
-from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
+from ..model import (
+    BackportSpec,
+    Resolved,
+    ResolvedTarget,
+    SniffFailed,
+    SniffResult,
+    Target,
+    recorded_as,
+)
 from ..private_globals import with_globals
 from ._untyped import MegatronFunction
 
@@ -38,9 +46,9 @@ def _accepts(predicate: MegatronFunction, width: int) -> bool:
     return bool(predicate(query, key, indices))
 
 
-def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
+def _sniff(targets: Sequence[Resolved]) -> SniffResult:
     """Fixed iff top-k widths 320, 448 and 1984 are declined, the controls as always."""
-    (target,) = targets
+    (target,) = recorded_as(targets, ResolvedTarget)
     if _KERNEL not in vars(target.module):
         raise SniffFailed(f"{target.module_name} has no {_KERNEL} to stand in for")
     # A private copy sees a sentinel kernel (absent without TileLang, and 0.19.2 checks it

@@ -12,7 +12,15 @@ from typing import TypedDict
 from packaging.version import Version
 
 from ..local_changes.sparse_mla import INDEX_HYGIENE, LEAN_COPIES
-from ..model import BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
+from ..model import (
+    BackportSpec,
+    Resolved,
+    ResolvedTarget,
+    SniffFailed,
+    SniffResult,
+    Target,
+    recorded_as,
+)
 from ..private_globals import with_globals
 from ._untyped import MegatronFunction, Tensor
 
@@ -66,13 +74,13 @@ def _sniff_call(module: ModuleType, function: MegatronFunction, *, width: int, t
     }
 
 
-def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
+def _sniff(targets: Sequence[Resolved]) -> SniffResult:
     """Fixed iff a NoPE / top-k 65 call reaches the kernel as 576 channels, top-k % 64 == 0.
 
     An aligned 576 / 64 call is the control: every version of the function sends it to the
     kernel, so one that does not is not the function this backport was written against.
     """
-    (target,) = targets
+    (target,) = recorded_as(targets, ResolvedTarget)
     module, function = target.module, target.original
     control = _sniff_call(module, function, width=_KERNEL_WIDTH, topk=_TOPK_BLOCK)
     if control["kernel_saw"] is None:

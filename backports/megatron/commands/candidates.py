@@ -3,6 +3,9 @@ ranked: what each changes, whether the release has it, who carries it, and what
 ``backports new --from-pr`` would say (see docs/candidates.md)."""
 
 import argparse
+import sys
+
+from .. import exit_status
 
 
 def _count(text: str) -> int:
@@ -36,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..authoring.candidates import run as candidates
+    """0: the clone and the installed release were read (else ``CannotRead``: exit 2)."""
+    from ..authoring.candidates import listing
 
-    return candidates(args)
+    print(listing(args, _progress))
+    return exit_status.DONE
+
+
+def _progress(line: str) -> None:
+    """``--derive``'s line before each child: on stderr, as it comes."""
+    print(line, file=sys.stderr, flush=True)

@@ -1,6 +1,8 @@
 """``backports new``: scaffold a plugin distribution that carries one upstream fix."""
 
 import argparse
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from .. import exit_status
@@ -66,9 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.from_pr is not None:  # derived from a pull request: its own pipeline
-        from ..authoring.from_pr import run as from_pr
-
-        return from_pr(args)
+        return _from_pr(args)
     missing = [f"--{n}" for n in ("id", "pr", "repo", "target", "dest") if getattr(args, n) is None]
     if missing:
         raise BackportError(f"new needs {', '.join(missing)} (or --from-pr N --repo CLONE)")
@@ -99,3 +99,42 @@ def run(args: argparse.Namespace) -> int:
         print(f"held by name in: {', '.join(target.holders)}")
     print(f"next: write the sniff and the replacement (see {plan.dest / 'README.md'})")
     return exit_status.DONE
+
+
+def _from_pr(args: argparse.Namespace) -> int:
+    """``--from-pr``: 0 written and proven, 1 not proven or refused, 2 bad input. Every error
+    is one line on stderr, after the report of what was derived (a conflict shows its hunk
+    after); nothing to carry (exit 0) is one line on stdout."""
+    from ..authoring.from_pr import FromPrError, derive_plugin
+
+    try:
+        derived = derive_plugin(args, _say_now)
+    except FromPrError as exc:
+        _print_lines(exc.report)
+        first, *rest = str(exc).splitlines()
+        written = "" if exc.exit_code != 1 else "; nothing written"
+        where = sys.stdout if exc.exit_code == 0 else sys.stderr  # nothing to do: no error
+        print(f"backports new: {first.rstrip(':')}{written}", file=where)
+        for line in rest:  # a merge conflict's hunk
+            print(f"  {line}", file=sys.stderr)
+        return exc.exit_code
+    _print_lines(derived.report)
+    if derived.unfinished is not None:
+        print(
+            f"wrote the UNFINISHED plugin {derived.distribution} in {derived.dest} "
+            f"(backports check fails on it): {derived.unfinished}",
+            file=sys.stderr,
+        )
+        return exit_status.FAILED
+    print(f"wrote {derived.distribution} in {derived.dest}: proven (contract kit, backports check)")
+    return exit_status.DONE
+
+
+def _say_now(line: str) -> None:
+    """A notice before the children run (they take minutes): shown at once."""
+    print(line, flush=True)
+
+
+def _print_lines(lines: Sequence[str]) -> None:
+    for line in lines:
+        print(line)

@@ -5,7 +5,8 @@ function or method, ``ImportGuard``, ``ModuleAttribute``, ``Constructor``) belon
 kind, and only that kind knows how to find it, fingerprint it, show it to a sniff, install
 and uninstall it. Nothing outside this package asks which kind a target is: the decision
 path and the installer call the protocol below. Adding a kind is one module here (its model
-class and its ``Kind``), one line in ``_KINDS``, and its tests.
+class and its ``Kind``, built on ``_base.BaseKind``, which holds the defaults most kinds
+share), one line in ``_KINDS``, and its tests.
 
 Importing this package imports no kind module: ``kind_of`` loads the one a target's class
 names (the job's start-up path pays only for the kinds its catalog uses).
@@ -17,12 +18,13 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol
 
-from ..model import Target
+from ..model import Resolved, Target
 
 __all__ = [
     "Installation",
     "Kind",
     "Part",
+    "Resolved",
     "TargetMissing",
     "kind_of",
 ]
@@ -30,11 +32,12 @@ __all__ = [
 # (module name, attribute): one place that holds a replaced object.
 Site = tuple[str, str]
 
-# A kind's own record of a target found in this process (``function.ResolvedTarget``,
-# ``import_guard.GuardTarget``, ...): every one has ``original`` and ``module_name``, and
-# only the kind that made it reads the rest. The protocol cannot name one type for it (each
-# kind takes its own back), so it stays unchecked at this boundary.
-Resolved = Any
+# A kind's own record of a target found in this process (``model.ResolvedTarget``,
+# ``import_guard.GuardTarget``, ...) is a ``model.Resolved``: every one has ``original`` and
+# ``module_name``, and only the kind that made it reads the rest. What a kind gives out is
+# typed ``Resolved``; what it takes back is its own record (``Own``), which the protocol
+# cannot name (each kind takes its own type), so that one stays unchecked at this boundary.
+Own = Any
 
 
 class TargetMissing(LookupError):
@@ -97,33 +100,33 @@ class Kind(Protocol):
     def resolve(self, target: Target, backport_id: str) -> Resolved:
         """The target, importing its candidate modules; ``TargetMissing`` says why not."""
 
-    def refusal(self, target: Target, resolved: Resolved, reads: Sequence[str]) -> str | None:
+    def refusal(self, target: Target, resolved: Own, reads: Sequence[str]) -> str | None:
         """Why this target must not be replaced (another patch stands there, or it is not
         the shape the vendored code was written against), or None. ``reads``: module
         globals the vendored code looks up on the live module."""
 
-    def fingerprint(self, target: Target, resolved: Resolved) -> dict[str, object] | None:
+    def fingerprint(self, target: Target, resolved: Own) -> dict[str, object] | None:
         """What decides the verdict about this target, for the verdict cache's key; None
         when it cannot be keyed (the probe then runs)."""
 
-    def stock(self, target: Target, resolved: Resolved) -> Resolved:
+    def stock(self, target: Target, resolved: Own) -> Resolved:
         """What the entry's sniff judges as the installed code."""
 
     def replacement(self, target: Target, vendored_module: ModuleType) -> object:
         """The vendored object that replaces this target (before any local change)."""
 
-    def stand_in(self, target: Target, resolved: Resolved, replacement: object) -> Resolved:
+    def stand_in(self, target: Target, resolved: Own, replacement: object) -> Resolved:
         """What the entry's sniff judges as the vendored code: ``resolved`` with
         ``replacement`` where the original stands."""
 
-    def aliases(self, resolved: Resolved) -> list[object]:
+    def aliases(self, resolved: Own) -> list[object]:
         """Objects whose module-level bindings the installer must find (one shared scan)."""
 
     def install(
         self,
         backport_id: str,
         target: Target,
-        resolved: Resolved,
+        resolved: Own,
         replacement: object,
         markers: Mapping[str, object],
         aliases: dict[int, list[Site]],
@@ -136,13 +139,13 @@ class Kind(Protocol):
     def is_live(self, part: Part) -> bool:
         """Whether ``part``'s replacement still stands where the target is defined."""
 
-    def bound(self, resolved: Resolved) -> object:
+    def bound(self, resolved: Own) -> object:
         """The very object the defining site holds now (what ``revert`` must put back)."""
 
-    def evidence(self, target: Target, resolved: Resolved) -> dict[str, object]:
+    def evidence(self, target: Target, resolved: Own) -> dict[str, object]:
         """The target as found, for the report."""
 
-    def existing(self, resolved: Resolved) -> int:
+    def existing(self, resolved: Own) -> int:
         """How many objects built before an install would keep the original's behaviour
         (a constructor fix cannot reach them); 0 for every other kind."""
 
@@ -153,9 +156,7 @@ class Kind(Protocol):
         """What ``revert`` did to these parts, for its report ("restored the original at
         ...")."""
 
-    def unlike_any_version(
-        self, target: Target, resolved: Resolved
-    ) -> AbstractContextManager[bool]:
+    def unlike_any_version(self, target: Target, resolved: Own) -> AbstractContextManager[bool]:
         """For the contract kit: while the block runs, the target is a shape no version of
         it has (True), or the kind has no shape to differ (False)."""
 

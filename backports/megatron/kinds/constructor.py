@@ -83,8 +83,9 @@ class ConstructorKind(FunctionKind):
 
     def uninstall(self, part: Part) -> None:
         super().uninstall(part)
-        if isinstance(part.resolved.owner, type):
-            forget(part.backport_id, part.resolved.owner)
+        owner = self.record_of(part).owner
+        if isinstance(owner, type):
+            forget(part.backport_id, owner)
 
 
 KIND = ConstructorKind()

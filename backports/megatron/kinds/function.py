@@ -24,47 +24,12 @@ from typing import Any, cast
 
 from ..evidence.fingerprints import installed_file
 from ..model import ResolvedTarget, Target
-from . import Part, Site, TargetMissing
+from . import Part, Site
+from ._base import BaseKind, callable_replacement, lacking
 from ._bindings import live_namespace, rebind_everywhere, restore_everywhere
 from ._built_before import built_before, routed
 
 _LOG = logging.getLogger(__name__)
-
-
-def _is_missing_module(exc: ModuleNotFoundError, name: str) -> bool:
-    """True when ``name`` itself (or a parent) is absent, not something it imports."""
-    return exc.name is not None and (name == exc.name or name.startswith(exc.name + "."))
-
-
-def import_candidates[T](target: Target, found_in: Callable[[ModuleType], T | None]) -> T:
-    """Import the target's candidate modules in order until ``found_in(module)`` finds it
-    there; ``TargetMissing`` names what each candidate lacked."""
-    tried: list[str] = []
-    for name in target.modules:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if not _is_missing_module(exc, name):
-                raise
-            tried.append(f"{name} (no such module)")
-            continue
-        found = found_in(module)
-        if found is not None:
-            return found
-        tried.append(f"{name} (no {target.attribute})")
-    raise TargetMissing("; ".join(tried))
-
-
-def loaded_candidates[T](target: Target, found_in: Callable[[ModuleType], T | None]) -> T | None:
-    """``found_in`` over the target's candidate modules already imported, in order; None
-    where none holds it (nothing is imported)."""
-    for name in target.modules:
-        module = sys.modules.get(name)
-        if module is not None:
-            found = found_in(module)
-            if found is not None:
-                return found
-    return None
 
 
 def compiled_body(obj: object) -> Callable[..., object] | None:
@@ -302,24 +267,18 @@ def _unlike_any_version(*args: object, **kwargs: object) -> None:
     raise AssertionError("a stand-in for a target unlike any version: never called")
 
 
-class FunctionKind:
+class FunctionKind(BaseKind[ResolvedTarget]):
     """Functions and methods: found in the module (or class) that defines them."""
 
     name = "function"
-    before_import = False
-    sniff_in_child = False
     # A method of a class whose constructor the entry replaced runs the original for the
     # objects built before that (the constructor kind turns it off for itself).
     routes_old_objects = True
 
-    def find(self, target: Target, backport_id: str) -> ResolvedTarget | None:
-        return loaded_candidates(target, lambda module: find_in(module, target, backport_id))
-
-    def resolve(self, target: Target, backport_id: str) -> ResolvedTarget:
-        found: ResolvedTarget = import_candidates(
-            target, lambda module: find_in(module, target, backport_id)
-        )
-        return found
+    def found_in(
+        self, module: ModuleType, target: Target, backport_id: str
+    ) -> ResolvedTarget | None:
+        return find_in(module, target, backport_id)
 
     def refusal(self, target: Target, resolved: ResolvedTarget, reads: Sequence[str]) -> str | None:
         if resolved.foreign is not None:
@@ -332,12 +291,7 @@ class FunctionKind:
                 f"{resolved.module_name}.{target.attribute} signature is ({', '.join(actual)}), "
                 f"expected ({', '.join(target.parameters)})"
             )
-        # A helper that only the pull request added would fail at call time: it fails here.
-        needed = dict.fromkeys([*target.helpers, *reads])
-        missing = [name for name in needed if name not in vars(resolved.module)]
-        if missing:
-            return f"{resolved.module_name} lacks {', '.join(missing)}"
-        return None
+        return lacking(resolved.module, target, reads)
 
     def fingerprint(self, target: Target, resolved: ResolvedTarget) -> dict[str, object] | None:
         if resolved.foreign is not None or resolved.installed is not None:
@@ -356,14 +310,8 @@ class FunctionKind:
             "distribution": installed["distribution"],
         }
 
-    def stock(self, target: Target, resolved: ResolvedTarget) -> ResolvedTarget:
-        return resolved
-
-    def replacement(self, target: Target, vendored_module: ModuleType) -> Callable[..., object]:
-        function = getattr(vendored_module, target.replacement_name)
-        if not callable(function):
-            raise TypeError(f"{vendored_module.__name__}.{target.replacement_name} is not callable")
-        return function  # type: ignore[no-any-return]
+    def replacement(self, target: Target, vendored_module: ModuleType) -> object:
+        return callable_replacement(target, vendored_module)
 
     def stand_in(
         self, target: Target, resolved: ResolvedTarget, replacement: object
@@ -408,7 +356,7 @@ class FunctionKind:
         return Part(self, backport_id, target, resolved, made, sites)
 
     def uninstall(self, part: Part) -> None:
-        resolved: ResolvedTarget = part.resolved
+        resolved = self.record_of(part)
         if not resolved.is_method:
             defining = (resolved.module_name, resolved.name)
             restore_everywhere(part.sites, part.replacement, resolved.held, defining)
@@ -422,7 +370,7 @@ class FunctionKind:
     def is_live(self, part: Part) -> bool:
         """In the module object ``sys.modules`` holds now (a reload re-executes the module
         and rebinds the original; a fresh import makes a new module object)."""
-        resolved: ResolvedTarget = part.resolved
+        resolved = self.record_of(part)
         module = sys.modules.get(resolved.module_name)
         if module is not resolved.module:
             return False
@@ -446,16 +394,13 @@ class FunctionKind:
             "decorated": resolved.decorated,
         }
 
-    def existing(self, resolved: ResolvedTarget) -> int:
-        return 0
-
     def after_install(self, parts: Sequence[Part]) -> tuple[str, dict[str, object]]:
         """torch.compile's code compiled before a method was replaced may have inlined the
         original: it is dropped (it recompiles with the backport) and named."""
         from ._compiled_code import drop_stale
 
         try:
-            dropped = drop_stale(p.resolved.is_method for p in parts)
+            dropped = drop_stale(self.record_of(p).is_method for p in parts)
         except Exception as exc:  # torch internals moved: say so, never fail the install
             _LOG.warning("cannot check torch.compile's earlier code: %r", exc)
             return "", {}
@@ -468,10 +413,6 @@ class FunctionKind:
             "torch.compile]"
         )
         return note, {"compiled_before_apply": dropped}
-
-    def reverted(self, parts: Sequence[Part]) -> str:
-        where = ", ".join(f"{m}.{a}" for part in parts for m, a in part.sites)
-        return f"restored the original at {where}"
 
     @contextlib.contextmanager
     def unlike_any_version(self, target: Target, resolved: ResolvedTarget) -> Iterator[bool]:

@@ -27,6 +27,7 @@ from ..interpreter.children import child_path
 from ..model import Target
 from ..session import SESSION
 from . import Part, Site
+from ._base import BaseKind, callable_replacement
 
 Guard = Callable[[], contextlib.AbstractContextManager[object]]
 
@@ -105,8 +106,11 @@ def _installed_guard(backport_id: str) -> Guard | None:
     return replacement
 
 
-class ImportGuardKind:
-    """Installed before the module executes; never rebinds anything."""
+class ImportGuardKind(BaseKind[GuardTarget]):
+    """Installed before the module executes; never rebinds anything. Its module is never
+    imported here (the guard goes in first, the sniff's children import it), there is
+    no shape to refuse or to make unlike every version (the module's behaviour under the
+    guard is the sniff's), and nothing but the one finder to register and remove."""
 
     name = "import-guard"
     before_import = True
@@ -120,9 +124,6 @@ class ImportGuardKind:
         # Never imported here: the module must wait for the guard (its sniff's children
         # import it).
         return self.find(target, backport_id)
-
-    def refusal(self, target: Target, resolved: GuardTarget, reads: Sequence[str]) -> None:
-        return None  # no signature: the module's behaviour under the guard is the sniff's
 
     def fingerprint(self, target: Target, resolved: GuardTarget) -> dict[str, object] | None:
         """What the children's answer depends on: the interpreter, the path they search,
@@ -148,17 +149,11 @@ class ImportGuardKind:
     def stock(self, target: Target, resolved: GuardTarget) -> GuardTarget:
         return GuardTarget(resolved.module_name, no_guard)
 
-    def replacement(self, target: Target, vendored_module: ModuleType) -> Guard:
-        guard: Guard = getattr(vendored_module, target.replacement_name)
-        if not callable(guard):
-            raise TypeError(f"{vendored_module.__name__}.{target.replacement_name} is not callable")
-        return guard
+    def replacement(self, target: Target, vendored_module: ModuleType) -> object:
+        return callable_replacement(target, vendored_module)
 
     def stand_in(self, target: Target, resolved: GuardTarget, replacement: object) -> GuardTarget:
         return GuardTarget(resolved.module_name, cast(Guard, replacement))
-
-    def aliases(self, resolved: GuardTarget) -> list[object]:
-        return []
 
     def install(
         self,
@@ -201,9 +196,6 @@ class ImportGuardKind:
             "executed": resolved.module_name in sys.modules,
         }
 
-    def existing(self, resolved: GuardTarget) -> int:
-        return 0
-
     def after_install(self, parts: Sequence[Part]) -> tuple[str, dict[str, object]]:
         module, guard = parts[0].resolved.module_name, parts[0].target.replacement_name
         if module in sys.modules:
@@ -214,10 +206,6 @@ class ImportGuardKind:
 
     def reverted(self, parts: Sequence[Part]) -> str:
         return "removed the guard on " + ", ".join(p.resolved.module_name for p in parts)
-
-    @contextlib.contextmanager
-    def unlike_any_version(self, target: Target, resolved: GuardTarget) -> Iterator[bool]:
-        yield False  # no signature to differ: the module's behaviour is the sniff's
 
 
 KIND = ImportGuardKind()

@@ -27,8 +27,8 @@ from ..evidence.fingerprints import installed_file
 from ..model import Target
 from ..session import SESSION
 from . import Part, Site
+from ._base import BaseKind, lacking
 from ._bindings import bindings_of_each, rebind, rebind_everywhere, restore_everywhere
-from .function import import_candidates, loaded_candidates
 
 _LOG = logging.getLogger(__name__)
 
@@ -174,21 +174,15 @@ def _true_aliases(
     return kept
 
 
-class ModuleAttributeKind:
+class ModuleAttributeKind(BaseKind[ResolvedAttribute]):
     """Found in the module that defines it; replaced there and at every alias."""
 
     name = "module-attribute"
-    before_import = False
-    sniff_in_child = False
 
-    def find(self, target: Target, backport_id: str) -> ResolvedAttribute | None:
-        return loaded_candidates(target, lambda module: _in(module, target, backport_id))
-
-    def resolve(self, target: Target, backport_id: str) -> ResolvedAttribute:
-        found: ResolvedAttribute = import_candidates(
-            target, lambda module: _in(module, target, backport_id)
-        )
-        return found
+    def found_in(
+        self, module: ModuleType, target: Target, backport_id: str
+    ) -> ResolvedAttribute | None:
+        return _in(module, target, backport_id)
 
     def refusal(
         self, target: Target, resolved: ResolvedAttribute, reads: Sequence[str]
@@ -197,11 +191,7 @@ class ModuleAttributeKind:
         actual = _type_name(resolved.original)
         if wanted and actual != wanted:
             return f"{resolved.module_name}.{target.attribute} is a {actual}, expected {wanted}"
-        needed = dict.fromkeys([*target.helpers, *reads])
-        missing = [name for name in needed if name not in vars(resolved.module)]
-        if missing:
-            return f"{resolved.module_name} lacks {', '.join(missing)}"
-        return None
+        return lacking(resolved.module, target, reads)
 
     def fingerprint(self, target: Target, resolved: ResolvedAttribute) -> dict[str, object] | None:
         if resolved.installed is not None:
@@ -218,12 +208,6 @@ class ModuleAttributeKind:
             "type": _type_name(resolved.original),
             "distribution": installed["distribution"],
         }
-
-    def stock(self, target: Target, resolved: ResolvedAttribute) -> ResolvedAttribute:
-        return resolved
-
-    def replacement(self, target: Target, vendored_module: ModuleType) -> object:
-        return getattr(vendored_module, target.replacement_name)
 
     def stand_in(
         self, target: Target, resolved: ResolvedAttribute, replacement: object
@@ -256,7 +240,7 @@ class ModuleAttributeKind:
         return Part(self, backport_id, target, resolved, replacement, sites)
 
     def uninstall(self, part: Part) -> None:
-        resolved: ResolvedAttribute = part.resolved
+        resolved = self.record_of(part)
         defining = (resolved.module_name, resolved.attribute)
         new = part.replacement
         if _shared_by_value(new):
@@ -271,7 +255,7 @@ class ModuleAttributeKind:
             setattr(resolved.module, resolved.attribute, resolved.original)
 
     def is_live(self, part: Part) -> bool:
-        resolved: ResolvedAttribute = part.resolved
+        resolved = self.record_of(part)
         module = sys.modules.get(resolved.module_name)
         return module is resolved.module and (
             vars(module).get(resolved.attribute) is part.replacement
@@ -289,16 +273,6 @@ class ModuleAttributeKind:
             "type": _type_name(resolved.original),
             "installed": resolved.installed is not None,
         }
-
-    def existing(self, resolved: ResolvedAttribute) -> int:
-        return 0
-
-    def after_install(self, parts: Sequence[Part]) -> tuple[str, dict[str, object]]:
-        return "", {}
-
-    def reverted(self, parts: Sequence[Part]) -> str:
-        where = ", ".join(f"{m}.{a}" for part in parts for m, a in part.sites)
-        return f"restored the original at {where}"
 
     @contextlib.contextmanager
     def unlike_any_version(self, target: Target, resolved: ResolvedAttribute) -> Iterator[bool]:

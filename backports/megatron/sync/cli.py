@@ -1,4 +1,4 @@
-"""The command line of a sync: ``backports sync`` and ``tools/sync_upstream.py`` (its wrapper).
+"""The flags of a sync: ``backports sync`` and ``tools/sync_upstream.py`` (its wrapper).
 
     backports sync --backport megatron-lm-7617 --pr 7617             # the PR's head
     backports sync --backport megatron-lm-7617 --sha SHA --repo ../Megatron-LM
@@ -9,18 +9,16 @@
 Exit status: 0 done (or nothing to do), 1 refused (the commit's code does not show the
 fix, or cannot be sniffed here) or ``--check`` found drift, 2 an error, 130 interrupted
 (Ctrl-C, the shell's convention), each reported in one line on stderr (the vendored files
-are then the old ones, unless the line says otherwise).
+are then the old ones, unless the line says otherwise). The commands wing
+(``commands/sync.py``) runs a sync and prints: this module only declares its flags.
 """
 
 import argparse
 import importlib.util
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from .. import exit_status
-from ..errors import BackportError
-from .errors import Interrupted, Refused
 from .fetch import SHA_RULE
 
 # The exit statuses of every `backports` command (exit_status), under a sync's names.
@@ -88,55 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _dispatch(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    # Here, not at the top: every `backports` command builds this parser, and the steps of
-    # a sync (the renderer: ~35 ms of imports) serve only a sync.
-    from .commands import check, rehash, sync
-
-    vendor = args.vendor_dir if args.vendor_dir is not None else default_vendor_dir()
-    fetching = [flag for flag in ("sha", "repo", "pr") if getattr(args, flag) is not None]
-    if args.check:
-        if fetching or args.dry_run or args.rehash or args.force:
-            parser.error("--check takes only --backport")
-        return check(vendor, args.backport)
-    if args.backport is None:
-        parser.error("a sync needs --backport and --sha or --pr (or use --check)")
-    if args.rehash:
-        if fetching or args.force:
-            parser.error("--rehash takes only --backport and --dry-run")
-        return rehash(vendor, args.backport, args.dry_run)
-    if args.sha is None and args.pr is None:
-        parser.error("a sync needs --backport and --sha or --pr (or use --check)")
-    return sync(vendor, args.backport, args.sha, args.repo, args.pr, args.dry_run, force=args.force)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(line.strip() for line in text.splitlines() if line.strip())
-
-
-def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """Run parsed arguments; every failure is one line on stderr, never a traceback."""
-    code = EXIT_ERROR
-    try:
-        return _dispatch(parser, args)
-    except Refused as exc:
-        message, code = str(exc), EXIT_REFUSED
-    except Interrupted as exc:
-        message, code = str(exc), EXIT_INTERRUPTED
-    except BackportError as exc:
-        message = str(exc)
-    except KeyboardInterrupt:
-        message, code = "interrupted; nothing written", EXIT_INTERRUPTED
-    except OSError as exc:
-        message = f"{exc}; nothing written"
-    except Exception as exc:  # a bug: still one line, never a traceback
-        message = f"unexpected {type(exc).__name__}: {exc}"
-    kind = "refused" if code == EXIT_REFUSED else "error"
-    print(f"{parser.prog}: {kind}: {_one_line(message)}", file=sys.stderr)
-    return code
-
-
 def main(argv: Sequence[str] | None = None, prog: str = "backports sync") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG)
-    add_arguments(parser)
-    return run(parser, parser.parse_args(argv))
+    """The sync's command line, run by the commands wing (which shows what it says and turns
+    its errors into one line and an exit status); this address stays for its callers."""
+    from ..commands.sync import main as command_main
+
+    return command_main(argv, prog)

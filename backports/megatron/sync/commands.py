@@ -5,11 +5,13 @@ Also ``rehash`` (record the hashes of a handwritten folder) and ``check`` (no ne
 compare every vendored folder with its ``UPSTREAM.toml``). The local changes the catalog
 declares live outside ``vendor/`` and wrap whatever is vendored, so a sync keeps them and
 names each one it kept.
+
+Each step says what it did to the ``SyncReport`` it is handed (the commands wing shows it) and
+raises a ``SyncError`` where it cannot go on: nothing here prints or ends the process.
 """
 
 import datetime
 import hashlib
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,7 @@ from ..vendored.manifest import FILE_NAME
 from .errors import Interrupted, Refused, SourceError, UsageError, WriteError
 from .fetch import cache_clone, checked_sha, fetch, repo_location, resolve_commit
 from .render import Piece, Provenance, Vendored, render
+from .report import SyncReport
 from .source import Source, read_other, read_source
 from .stage import (
     leftovers,
@@ -66,18 +69,18 @@ def _module_name(path: str) -> str:
     return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
 
 
-def _tidy(vendor: Path, dry_run: bool) -> None:
+def _tidy(vendor: Path, dry_run: bool, report: SyncReport) -> None:
     """Put right what a killed run left, or (dry run: nothing written) say it is there."""
     if dry_run:
         for path in leftovers(vendor):
-            print(f"note: {path.name} is left by a killed sync; the next sync puts it right")
+            report.say(f"note: {path.name} is left by a killed sync; the next sync puts it right")
         return
     try:
         done = recover_interrupted(vendor)
     except OSError as exc:
         raise WriteError(f"cannot tidy up after a killed sync in {vendor}: {exc}") from exc
     for line in done:
-        print(f"note: {line}")
+        report.say(f"note: {line}")
 
 
 # ---- the candidate --------------------------------------------------------------------------
@@ -115,7 +118,11 @@ def _provenance(manifest: UpstreamToml, sha: str, source_path: str) -> Provenanc
 
 
 def _fetch_candidate(
-    folder: VendoredFolder, sha: str | None, repo_arg: str | None, pr: int | None
+    folder: VendoredFolder,
+    sha: str | None,
+    repo_arg: str | None,
+    pr: int | None,
+    report: SyncReport,
 ) -> _Candidate:
     """The commit fetched into the cache clone, its source files read while the clone is
     open, and upstream's code vendored from them (parsed, never run)."""
@@ -125,11 +132,11 @@ def _fetch_candidate(
         fetch(repo, url, sha, pr)
         commit = resolve_commit(repo, sha, url, pr)
         if pr is not None and not repo.is_ancestor(commit.hexsha, f"refs/pull/{pr}/head"):
-            print(f"note: {commit.hexsha[:12]} is not on refs/pull/{pr}/head")
+            report.say(f"note: {commit.hexsha[:12]} is not on refs/pull/{pr}/head")
         owner = symbols(manifest)[0].partition(".")[0]  # what the source must define
         source = read_source(commit, manifest["path"], owner, manifest.get("moved_path"))
         if source.note:
-            print(f"note: {source.note}")
+            report.say(f"note: {source.note}")
         pieces = _pieces(manifest, source)
         sources = {source.path: source.text}
         for piece in pieces:
@@ -138,9 +145,9 @@ def _fetch_candidate(
         hexsha = str(commit.hexsha)
         fixed = _fix_texts(manifest, hexsha, source.path, sources, lambda p: read_other(commit, p))
     vendored = render(sources, pieces, _provenance(manifest, hexsha, source.path))
-    print(f"reads from the target module: {', '.join(vendored.reads) or 'nothing'}")
+    report.say(f"reads from the target module: {', '.join(vendored.reads) or 'nothing'}")
     for symbol, texts in vendored.decorators.items():
-        print(f"recorded the decorators of {symbol}: {', '.join('@' + d for d in texts)}")
+        report.say(f"recorded the decorators of {symbol}: {', '.join('@' + d for d in texts)}")
     return _Candidate(hexsha, source, vendored, fixed)
 
 
@@ -211,15 +218,15 @@ def _with_date(new: UpstreamToml, old: UpstreamToml) -> UpstreamToml:
 # ---- the proof ------------------------------------------------------------------------------
 
 
-def _prover(folder: VendoredFolder, sha: str, force: bool) -> Proof:
+def _prover(folder: VendoredFolder, sha: str, force: bool, report: SyncReport) -> Proof:
     """The sniff, in a child, on the staged file: refuse (exit 1, nothing written) code that
     does not show the fix, or that this environment cannot sniff, unless ``force``."""
 
     def prove(staged: Path) -> None:
-        print(f"{folder.id}: sniffing the candidate in a child interpreter")
+        report.say(f"{folder.id}: sniffing the candidate in a child interpreter")
         sniffed = sniff_candidate(folder.id, staged)
         if sniffed.fixed and sniffed.sha256 == _sha256(staged.read_bytes()):
-            print(f"{folder.id}: the sniff shows the fix at {sha}: {sniffed.summary}")
+            report.say(f"{folder.id}: the sniff shows the fix at {sha}: {sniffed.summary}")
             return
         if sniffed.fixed:
             said = "the sniffed file is not the staged one"
@@ -236,7 +243,7 @@ def _prover(folder: VendoredFolder, sha: str, force: bool) -> Proof:
             said += sniffed.summary
         if not force:
             raise Refused(f"{said}; nothing written (--force writes it anyway)")
-        print(f"warning: {said}; writing it anyway (--force): the probe will say incompatible")
+        report.say(f"warning: {said}; writing it anyway (--force): the probe will say incompatible")
 
     return prove
 
@@ -253,27 +260,32 @@ def sync(
     dry_run: bool,
     *,
     force: bool = False,
-) -> int:
-    """Vendor the backport's code at the commit; refused (exit 1) unless the sniff shows the
-    fix, or ``force``. A dry run shows the diff and runs nothing it fetched."""
+    report: SyncReport | None = None,
+) -> SyncReport:
+    """Vendor the backport's code at the commit; ``Refused`` (exit 1) unless the sniff shows
+    the fix, or ``force``. A dry run shows the diff and runs nothing it fetched."""
+    report = SyncReport() if report is None else report
     if sha is None and pr is None:
         raise UsageError("a sync needs --sha, --pr, or both")
     if pr is not None and pr <= 0:
         raise UsageError(f"--pr must be a positive pull-request number, not {pr}")
     sha = None if sha is None else checked_sha(sha)
-    _tidy(vendor, dry_run)
+    _tidy(vendor, dry_run, report)
     folder = folder_of(vendor, backport_id)
-    candidate = _fetch_candidate(folder, sha, repo_arg, pr)
+    candidate = _fetch_candidate(folder, sha, repo_arg, pr, report)
     data = _synced_manifest(folder, candidate)
-    prove = _prover(folder, candidate.sha, force)
-    code = _write_pair(folder, candidate.vendored.text, data, dry_run, prove)
-    _say_kept_local_changes(folder.id)
-    return code
+    prove = _prover(folder, candidate.sha, force, report)
+    _write_pair(folder, candidate.vendored.text, data, dry_run, prove, report)
+    _say_kept_local_changes(folder.id, report)
+    return report
 
 
-def rehash(vendor: Path, backport_id: str, dry_run: bool) -> int:
+def rehash(
+    vendor: Path, backport_id: str, dry_run: bool, report: SyncReport | None = None
+) -> SyncReport:
     """Record sha256 and files_sha256 of a handwritten folder as it is."""
-    _tidy(vendor, dry_run)
+    report = SyncReport() if report is None else report
+    _tidy(vendor, dry_run, report)
     folder = folder_of(vendor, backport_id)
     origin = folder.manifest["origin"]
     if origin != "handwritten":
@@ -286,14 +298,20 @@ def rehash(vendor: Path, backport_id: str, dry_run: bool) -> int:
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read {folder.file}: {exc}") from exc
     data: UpstreamToml = {**folder.manifest, "sha256": _sha256(text.encode("utf-8"))}
-    return _write_pair(folder, text, data, dry_run, prove=None)
+    _write_pair(folder, text, data, dry_run, None, report)
+    return report
 
 
 def _write_pair(
-    folder: VendoredFolder, text: str, data: UpstreamToml, dry_run: bool, prove: Proof | None
-) -> int:
+    folder: VendoredFolder,
+    text: str,
+    data: UpstreamToml,
+    dry_run: bool,
+    prove: Proof | None,
+    report: SyncReport,
+) -> None:
     """Stage the vendored file and its UPSTREAM.toml (files_sha256 over the staged folder),
-    print the diff, and, unless nothing changed or ``dry_run``, ``prove`` the staged file
+    say the diff, and, unless nothing changed or ``dry_run``, ``prove`` the staged file
     (a sync's sniff) and swap the pair in."""
     with staged_copy(folder.path, beside=not dry_run) as stage:
         staged = stage / folder.file.name
@@ -309,14 +327,16 @@ def _write_pair(
         file_diff = unified_diff(read_text(folder.file), text, folder.shown(folder.file.name))
         manifest_diff = unified_diff(folder.manifest_text, manifest_text, folder.shown(FILE_NAME))
         if not file_diff + manifest_diff:
-            print(f"{folder.id}: {folder.shown()} is up to date; nothing written")
-            return 0
-        sys.stdout.write(file_diff + manifest_diff)
+            report.say(f"{folder.id}: {folder.shown()} is up to date; nothing written")
+            return
+        report.write(file_diff + manifest_diff)
         if dry_run:
             if prove is not None:
-                print(f"note: {folder.id}: not sniffed: dry run (a sync sniffs before it writes)")
-            print(f"{folder.id}: dry run; nothing written")
-            return 0
+                report.say(
+                    f"note: {folder.id}: not sniffed: dry run (a sync sniffs before it writes)"
+                )
+            report.say(f"{folder.id}: dry run; nothing written")
+            return
         if prove is not None:
             prove(staged)
         try:
@@ -327,8 +347,7 @@ def _write_pair(
     wrote = f"wrote {' and '.join(names)} in {folder.shown()}"
     if held:
         raise Interrupted(f"interrupted after the swap: {wrote}")
-    print(f"{folder.id}: {wrote}")
-    return 0
+    report.say(f"{folder.id}: {wrote}")
 
 
 def _rendered(folder: VendoredFolder, data: UpstreamToml) -> str:
@@ -339,29 +358,34 @@ def _rendered(folder: VendoredFolder, data: UpstreamToml) -> str:
         raise UsageError(str(exc)) from exc
 
 
-def _say_kept_local_changes(backport_id: str) -> None:
+def _say_kept_local_changes(backport_id: str, report: SyncReport) -> None:
     """The local changes live outside vendor/ and wrap whatever function is vendored."""
     changes = local_changes(backport_id)
     if changes is None:
-        print(
+        report.say(
             f"{backport_id}: not in this environment's catalog (a plugin not installed "
             "here?): its local changes, if any, live in its own package and are kept"
         )
     elif not changes:
-        print(f"{backport_id}: the catalog declares no local changes")
+        report.say(f"{backport_id}: the catalog declares no local changes")
     for name, reason in changes or []:
-        print(f"kept local change {name}: {reason}")
+        report.say(f"kept local change {name}: {reason}")
 
 
-def check(vendor: Path, only: str | None = None) -> int:
-    """0 when every vendored folder matches its UPSTREAM.toml, else 1."""
+def check(vendor: Path, only: str | None = None, report: SyncReport | None = None) -> SyncReport:
+    """Compare every vendored folder with its UPSTREAM.toml: ``failed`` where one differs,
+    or a killed sync left one set aside."""
+    report = SyncReport() if report is None else report
     stray = leftovers(vendor)
     if stray:
         # A folder may be set aside, not in its place: nothing to compare until a sync
         # (or --rehash) puts it right.
         for path in stray:
-            print(f"leftover: {path.name} from a killed sync; the next sync or --rehash tidies it")
-        return 1
+            report.say(
+                f"leftover: {path.name} from a killed sync; the next sync or --rehash tidies it"
+            )
+        report.failed = True
+        return report
     folders = [folder_of(vendor, only)] if only else folders_under(vendor)
     if not folders:
         raise UsageError(f"no vendored backports (*/{FILE_NAME}) under {vendor}")
@@ -370,9 +394,10 @@ def check(vendor: Path, only: str | None = None) -> int:
         reason = drift_reason(folder.integrity(), folder.id, folder.manifest["origin"])
         if reason is not None:
             drifted += 1
-            print(f"drifted: {reason}")
+            report.say(f"drifted: {reason}")
     if drifted:
-        print(f"{drifted} vendored folder(s) differ from {FILE_NAME}; re-sync, do not edit")
-        return 1
-    print(f"ok: {len(folders)} vendored folder(s) match their {FILE_NAME}")
-    return 0
+        report.say(f"{drifted} vendored folder(s) differ from {FILE_NAME}; re-sync, do not edit")
+        report.failed = True
+        return report
+    report.say(f"ok: {len(folders)} vendored folder(s) match their {FILE_NAME}")
+    return report

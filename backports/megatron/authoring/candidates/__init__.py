@@ -17,12 +17,13 @@ It imports ``from_pr`` and never the other way round; only ``--derive`` starts c
 """
 
 import argparse
+from collections.abc import Callable
 
-__all__ = ["run"]
+__all__ = ["listing"]
 
 
-def run(args: argparse.Namespace) -> int:
-    """``backports candidates``; its exit status."""
-    from .command import run as run_command
+def listing(args: argparse.Namespace, progress: Callable[[str], object]) -> str:
+    """``backports candidates``: the text to print (``--derive``'s progress to ``progress``)."""
+    from .command import listing as list_candidates
 
-    return run_command(args)
+    return list_candidates(args, progress)

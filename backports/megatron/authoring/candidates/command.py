@@ -4,7 +4,8 @@
     -> (--derive) -> table or JSON
 
 Nothing is printed before every step is done: a clone that cannot be read is one line on
-stderr and exit 2 (the command runner prints ``CannotRead``), never half a table.
+stderr and exit 2 (the command runner prints ``CannotRead``), never half a table. Nothing
+here prints: ``listing`` returns the text and the commands wing prints it.
 """
 
 import argparse
@@ -80,15 +81,15 @@ def collect(clone_path: str, since: str | None) -> tuple[list[Candidate], dict[s
     return candidates, head
 
 
-def run(args: argparse.Namespace) -> int:
-    """The command's exit status: 0 it read the clone and the installed release."""
+def listing(args: argparse.Namespace, progress: derive.Progress) -> str:
+    """The table (or with ``--json`` the document) of every candidate; ``CannotRead`` where
+    the clone or the installed release cannot be read. ``--derive``'s progress goes to
+    ``progress``, a line per child; the commands wing prints both."""
     if args.repo is None:
         raise CannotRead("candidates needs --repo: the path of a Megatron-LM clone")
     if args.derive is not None and args.derive < 0:
         raise CannotRead(f"--derive takes a count of candidates, not {args.derive}")
     candidates, head = collect(args.repo, args.since)
     if args.derive:
-        derive.derive(candidates, args.derive, Path(head["clone"]), Path.cwd())
-    text = document(candidates, head) if args.json else table(candidates, head)
-    print(text)
-    return 0
+        derive.derive(candidates, args.derive, Path(head["clone"]), Path.cwd(), progress)
+    return document(candidates, head) if args.json else table(candidates, head)

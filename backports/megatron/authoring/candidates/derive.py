@@ -12,10 +12,14 @@ put it. Its exit status and its last line are the candidate's outcome.
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .model import Candidate
+
+# Shows one line of progress as it comes (the commands wing: stderr).
+Progress = Callable[[str], object]
 
 
 def to_derive(candidates: list[Candidate], count: int) -> list[Candidate]:
@@ -50,13 +54,12 @@ def derive_one(candidate: Candidate, clone: Path, into: Path) -> dict[str, Any]:
     }
 
 
-def derive(candidates: list[Candidate], count: int, clone: Path, into: Path) -> None:
-    """Each chosen candidate's ``derived`` outcome, set in rank order (progress on stderr)."""
+def derive(
+    candidates: list[Candidate], count: int, clone: Path, into: Path, progress: Progress
+) -> None:
+    """Each chosen candidate's ``derived`` outcome, set in rank order; a line to ``progress``
+    before each child (the commands wing shows it on stderr)."""
     chosen = to_derive(candidates, count)
     for place, candidate in enumerate(chosen, start=1):
-        print(
-            f"backports candidates: deriving #{candidate.merge.pr} ({place}/{len(chosen)})",
-            file=sys.stderr,
-            flush=True,
-        )
+        progress(f"backports candidates: deriving #{candidate.merge.pr} ({place}/{len(chosen)})")
         candidate.derived = derive_one(candidate, clone, into)

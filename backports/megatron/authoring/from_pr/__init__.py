@@ -17,12 +17,21 @@ the rest of the package comes through ``_tool``.
 """
 
 import argparse
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-__all__ = ["run"]
+from .errors import FromPrError
+
+if TYPE_CHECKING:
+    from .command import Derived
+
+__all__ = ["FromPrError", "derive_plugin"]
 
 
-def run(args: argparse.Namespace) -> int:
-    """``backports new --from-pr``; its exit status."""
-    from .command import run as run_command
+def derive_plugin(args: argparse.Namespace, say: Callable[[str], object]) -> "Derived":
+    """``backports new --from-pr``: the plugin written, or a ``FromPrError`` (its exit status
+    and the report so far). Imported when called: the steps weigh, and ``candidates`` reads
+    this package's clone and locate modules without them."""
+    from .command import derive_plugin as derive
 
-    return run_command(args)
+    return derive(args, say)

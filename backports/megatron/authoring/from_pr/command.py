@@ -4,17 +4,19 @@
 
 Exit status: 0 written and proven; 1 not proven or refused (nothing written, or with
 ``--keep-unfinished`` the unfinished plugin, which ``backports check`` fails); 2 bad input.
+Nothing here prints: ``derive_plugin`` returns what was written or raises a ``FromPrError``
+that carries its exit status, and the commands wing (``commands/new.py``) prints both.
 """
 
 import argparse
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,7 +25,7 @@ from . import _tool, child
 from .budget import check_budget
 from .clone import open_clone
 from .derivation import Derivation, Names
-from .errors import AlreadyPresent, BadInput, FromPrError, NotProven
+from .errors import AlreadyPresent, BadInput, FromPrError, NotProven, TooBig
 from .locate import installed_distribution, locate, refuse_uncarried_files
 from .merge import Conflict
 from .plugin import write_plugin
@@ -37,6 +39,8 @@ from .vendor import vendor
 
 _ID = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 T = TypeVar("T")
+# Shows one notice as it comes (the commands wing: stdout, flushed before the children run).
+Say = Callable[[str], object]
 CHILDREN_NOTICE = (
     "note: this runs the pull request's code, its tests included, with your rights, in "
     "child processes (python -I or -P, in a private scratch folder), as pip install of a "
@@ -193,15 +197,27 @@ def _finish(d: Derivation, staging: Path, dest: Path) -> None:
         raise
 
 
-def run(args: argparse.Namespace) -> int:
-    """The command; every error is one line on stderr (a conflict shows its hunk after).
-    A SIGTERM, as a Ctrl-C, stops every child's process group and removes the scratch
-    folder before the process ends."""
+@dataclass(frozen=True)
+class Derived:
+    """A plugin written at ``dest``: proven, or with ``--keep-unfinished`` ``unfinished`` (the
+    first line of what stopped it; ``backports check`` fails on it)."""
+
+    distribution: str
+    dest: Path
+    report: list[str]  # what was derived, a line each (``report.report_lines``)
+    unfinished: str | None
+
+
+def derive_plugin(args: argparse.Namespace, say: Say) -> Derived:
+    """The derivation, start to end; the notices before it to ``say`` as they come. Raises a
+    ``FromPrError`` (its ``exit_code`` and, past the resolve step, the ``report`` so far). A
+    SIGTERM, as a Ctrl-C, stops every child's process group and removes the scratch folder
+    before the process ends."""
     with sigterm_unwinds():
-        return _run(args)
+        return _derive_plugin(args, say)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _derive_plugin(args: argparse.Namespace, say: Say) -> Derived:
     d: Derivation | None = None
     try:
         if args.repo is None:
@@ -211,13 +227,13 @@ def _run(args: argparse.Namespace) -> int:
         clone_path = Path(args.repo).expanduser().resolve()
         clone = open_clone(args.repo)
         installed = installed_distribution()
-        print(CHILDREN_NOTICE, flush=True)  # first, once the arguments are good
+        say(CHILDREN_NOTICE)  # first, once the arguments are good
         d = Derivation(
             names, clone_path, clone.origin_url(), f"{installed.name} {installed.version}"
         )
         same = [i for i in sorted(_tool.builtin_ids()) if i == f"megatron-lm-{args.from_pr}"]
         if same:
-            print(
+            say(
                 f"note: {same[0]} (builtin) carries #{args.from_pr} and installs first: the "
                 f"plugin is proven, and installs, where MEGATRON_BACKPORTS_SKIP={same[0]}"
             )
@@ -231,38 +247,15 @@ def _run(args: argparse.Namespace) -> int:
                 d.unfinished = str(exc).splitlines()[0]
             if d.unfinished is not None:
                 d.sniffs = []
-                _finish(d, staging, dest)
-                _print_report(d)
-                print(
-                    f"wrote the UNFINISHED plugin {names.distribution} in {dest} "
-                    f"(backports check fails on it): {d.unfinished}",
-                    file=sys.stderr,
-                )
-                return 1
             _finish(d, staging, dest)
-        _print_report(d)
-        print(f"wrote {names.distribution} in {dest}: proven (contract kit, backports check)")
-        return 0
+        return Derived(names.distribution, dest, report_lines(d), d.unfinished)
     except (RecursionError, MemoryError) as exc:  # source too deep or too big to analyse
-        print(
-            f"backports new: the pull request's code is too deeply nested or too big to "
-            f"analyse ({type(exc).__name__}); nothing written",
-            file=sys.stderr,
-        )
-        return 1
+        raise TooBig(
+            "the pull request's code is too deeply nested or too big to analyse "
+            f"({type(exc).__name__})"
+        ) from None
     except FromPrError as exc:
         # Nothing to carry (exit 0) is one line: the report would list what must be written.
         if d is not None and d.pr is not None and exc.exit_code != 0:
-            _print_report(d)
-        first, *rest = str(exc).splitlines()
-        written = "" if exc.exit_code != 1 else "; nothing written"
-        where = sys.stdout if exc.exit_code == 0 else sys.stderr  # nothing to do: no error
-        print(f"backports new: {first.rstrip(':')}{written}", file=where)
-        for line in rest:  # a merge conflict's hunk
-            print(f"  {line}", file=sys.stderr)
-        return exc.exit_code
-
-
-def _print_report(d: Derivation) -> None:
-    for line in report_lines(d):
-        print(line)
+            exc.report = report_lines(d)
+        raise

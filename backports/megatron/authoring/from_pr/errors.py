@@ -11,9 +11,11 @@ from ...errors import BackportError
 
 
 class FromPrError(BackportError):
-    """Every error of ``--from-pr``; ``exit_code`` is the command's exit status."""
+    """Every error of ``--from-pr``; ``exit_code`` is the command's exit status, ``report``
+    what was derived before it (a line each; printed before the error's line)."""
 
     exit_code = 1
+    report: tuple[str, ...] | list[str] = ()
 
 
 class BadInput(FromPrError):
@@ -29,6 +31,11 @@ class AlreadyPresent(FromPrError):
     nothing is written, and that is no failure (exit 0)."""
 
     exit_code = 0
+
+
+class TooBig(FromPrError):
+    """The pull request's code is too deeply nested or too big to analyse (a
+    ``RecursionError`` or ``MemoryError`` in any step): exit 1, nothing written."""
 
 
 class NotProven(FromPrError):
