@@ -4,7 +4,7 @@ by the name ``megatron.training.training`` holds. Each parameter carries a host 
 ``get_/clear_high_precision_init_val`` as Transformer Engine's FP8 primary weights do: the
 builder leaves all six stock, none with the backport, six after revert.
 
-tests/test_megatron_lm_6507.py rehearses the same job on CPU (gloo, cuda_on_cpu.py). Not yet
+tests/entries/test_megatron_lm_6507.py rehearses the same job on CPU (gloo, cuda_on_cpu.py). Not yet
 run on a GPU (the device machine copies the lead's checkout, not this branch).
 """
 
