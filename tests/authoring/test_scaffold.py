@@ -347,7 +347,7 @@ def upstream_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path
     the sync's cache clone under a temporary XDG_CACHE_HOME."""
     import git
 
-    from tests.sync.test_sync_upstream import commit_files
+    from tests.sync.upstreams import commit_files
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     repo = git.Repo.init(tmp_path / "upstream")

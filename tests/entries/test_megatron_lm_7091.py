@@ -225,7 +225,8 @@ PACKAGE = "synced_vendor_7091"
 @pytest.fixture
 def synced(tmp_path, monkeypatch):
     """vendor/ copied into an importable package and #7091 synced from the PR's head."""
-    from tests.sync.test_sync_upstream import ROOT, commit_files, sync_upstream
+    from tests.paths import ROOT
+    from tests.sync.upstreams import commit_files, sync_upstream
 
     git = pytest.importorskip("git")
     repo = git.Repo.init(tmp_path / "Megatron-LM")

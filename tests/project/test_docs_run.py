@@ -145,7 +145,7 @@ def test_every_shell_block_is_run_or_marked(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_blocks_run_elsewhere_are_what_those_tests_run() -> None:
-    from tests import test_from_pr_docs, test_scaffold
+    from tests.authoring import test_from_pr_docs, test_scaffold
 
     first = block("docs/adding-a-backport.md", "backports new --id acme-9999")
     assert ["backports", *test_scaffold._first_new_block()] == shlex.split(first.commands()[0])

@@ -26,12 +26,13 @@ import pytest
 from backports.megatron.sync import cli
 from backports.megatron.sync.render import Piece, Provenance, render
 from tests.paths import ROOT
-from tests.sync.test_sync_upstream import (  # autouse: clones off $HOME, the sniff in-process
-    cache_home,  # noqa: F401
+from tests.sync.upstreams import (
     commit_files,
     snapshot,
-    sniff_in_process,  # noqa: F401
 )
+
+# Clones under a temporary cache, off $HOME; the sniff in-process (tests/sync/conftest.py).
+pytestmark = pytest.mark.usefixtures("cache_home", "sniff_in_process")
 
 ID = "megatron-lm-6099"
 PATH = "megatron/core/optimizer/layer_wise_optimizer.py"

@@ -13,25 +13,21 @@ from pathlib import Path
 import pytest
 
 from backports.megatron.sync import verify
-from tests.sync.test_sync_upstream import (  # noqa: F401  (cache_home: autouse)
+from tests.sync.upstreams import (
     BACKPORT,
     Tool,
     Upstream,
-    cache_home,
     fork_head,
     snapshot,
-    tool,
-    upstream,
-    vendor,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cache_home")]  # the real child
 
 
 def test_a_sync_sniffs_the_fetched_code_in_an_isolated_child(
-    tool: Tool,  # noqa: F811
-    upstream: Upstream,  # noqa: F811
-    vendor: Path,  # noqa: F811
+    tool: Tool,
+    upstream: Upstream,
+    vendor: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -56,9 +52,9 @@ def test_a_sync_sniffs_the_fetched_code_in_an_isolated_child(
 
 
 def test_the_child_refuses_the_commit_before_the_fix(
-    tool: Tool,  # noqa: F811 (the fixtures of tests/sync/test_sync_upstream.py)
-    upstream: Upstream,  # noqa: F811
-    vendor: Path,  # noqa: F811
+    tool: Tool,
+    upstream: Upstream,
+    vendor: Path,
 ) -> None:
     before = snapshot(vendor)
     run = tool("--backport", BACKPORT, "--sha", upstream.base, "--repo", str(upstream.path))

@@ -23,12 +23,13 @@ import pytest
 from backports.megatron.sync import cli
 from backports.megatron.sync.render import Piece, Provenance, render
 from tests.paths import ROOT
-from tests.sync.test_sync_upstream import (  # autouse: clones off $HOME, the sniff in-process
-    cache_home,  # noqa: F401
+from tests.sync.upstreams import (
     commit_files,
     snapshot,
-    sniff_in_process,  # noqa: F401
 )
+
+# Clones under a temporary cache, off $HOME; the sniff in-process (tests/sync/conftest.py).
+pytestmark = pytest.mark.usefixtures("cache_home", "sniff_in_process")
 
 ID = "megatron-lm-6114"
 ROUTER = "megatron/core/transformer/moe/router.py"

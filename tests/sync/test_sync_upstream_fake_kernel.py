@@ -38,8 +38,9 @@ from backports.megatron.vendored import load_replacement
 from tests.conftest import BACKPORT_ID, TILELANG_DSA
 from tests.deciding import probe
 from tests.entries.test_local_changes import deterministic  # noqa: F401 (a fixture they use)
+from tests.paths import ROOT
 from tests.reports import report_for
-from tests.sync.test_sync_upstream import BACKPORT, FIXED_LIVE, ROOT, build_upstream, sync_upstream
+from tests.sync.upstreams import BACKPORT, FIXED_LIVE, build_upstream, sync_upstream
 
 PACKAGE = "synced_vendor"
 

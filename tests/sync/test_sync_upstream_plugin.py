@@ -24,18 +24,19 @@ import pytest
 from backports.megatron import catalog, cli
 from tests.authoring.test_plugin_install import OBSERVE
 from tests.paths import ROOT
-from tests.sync.test_sync_upstream import (  # autouse: clones off $HOME, the sniff in-process
-    cache_home,  # noqa: F401
+from tests.sync.upstreams import (
     commit_files,
     load_module,
     snapshot,
-    sniff_in_process,  # noqa: F401
 )
 from tests.vendored.test_vendored import documented_digest
 
 sys.path.insert(0, str(ROOT / "tools"))
 
 import sync_upstream
+
+# Clones under a temporary cache, off $HOME; the sniff in-process (tests/sync/conftest.py).
+pytestmark = pytest.mark.usefixtures("cache_home", "sniff_in_process")
 
 ID = "acme-9999"
 PR = "9999"

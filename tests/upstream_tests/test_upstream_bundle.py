@@ -18,7 +18,7 @@ import pytest
 from backports.megatron import cli
 from backports.megatron.upstream_tests import checkout as upstream_checkout
 from tests.paths import ROOT
-from tests.sync.test_sync_upstream import commit_files
+from tests.sync.upstreams import commit_files
 from tests.upstream_tests.test_upstream_tests import HELPER, NODE, TEST, private_tmp  # noqa: F401
 
 sys.path.insert(0, str(ROOT / "tools"))

@@ -26,7 +26,7 @@ from backports.megatron import cli
 from backports.megatron.upstream_tests import Row, verdict
 from backports.megatron.upstream_tests.judgement import NOTHING, PROVES, document, judge, markdown
 from tests.paths import ROOT
-from tests.sync.test_sync_upstream import commit_files
+from tests.sync.upstreams import commit_files
 
 
 @pytest.fixture(autouse=True)
