@@ -4,13 +4,15 @@ A small upstream repository is built here with gitpython, written the way upstre
 ``megatron/core/transformer/moe/router.py`` (a ``TopKRouter`` class whose
 ``_apply_expert_bias`` is decorated with ``jit_fuser``): one commit before the fix (the
 padding mask lined up against the expert axis) and the fix commit (dropping token rows).
-Likewise #6793's two files (``recompute.py``: ``checkpointed_forward`` and the carrier
-state it adds; ``dsa.py``: ``DSAttention._get_index_share_carrier``), before and with the
-fix. The text is this project's own, in upstream's shape, not a copy.
+The text is this project's own, in upstream's shape, not a copy. #6793's two files are
+the installed megatron-core 0.19.2's own (``recompute.py``: ``checkpointed_forward``;
+``dsa.py``: ``DSAttention._get_index_share_carrier``), read from the installed package,
+with the fix's edits applied to them.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import shutil
 import tomllib
@@ -265,35 +267,33 @@ def test_6793_syncs_two_files_and_its_module_state(tmp_path: Path, vendor: Path)
     assert run("--check", "--vendor-dir", str(vendor))[0] == 0
 
 
-# #6793 written the way upstream lays the fix out: the carrier class, its ContextVar, a
-# getter and the scope as module state of megatron/core/recompute.py, beside a
-# checkpointed_forward with 0.19.2's signature and shape (uniform / block recompute,
-# te_checkpoint under FP8/FP4, padding mask, layer extraction) that runs each chunk it
-# builds inside one fresh carrier's scope; dsa.py asks for that carrier right after
-# packed_seq_params. This project's text (from vendor/megatron_lm_6793/index_share.py's
-# behaviour), in upstream's places; not upstream's code.
+# #6793 on megatron-core's own files: the installed 0.19.2 ``recompute.py`` and ``dsa.py``
+# (read from the installed package, not restated here), with the fix laid out the way the
+# pull request does it: the carrier class, its ContextVar, a getter and the scope as module
+# state of recompute.py (its first commit), then ``checkpointed_forward`` running each chunk
+# it builds inside one fresh carrier's scope and ``DSAttention._get_index_share_carrier``
+# asking for that carrier right after packed_seq_params (its second commit). The edits are
+# this project's text (from vendor/megatron_lm_6793/index_share.py's behaviour), not
+# upstream's code; each lands in exactly one place of the installed text, or the test says
+# which one moved.
 RECOMPUTE = "megatron/core/recompute.py"
-RECOMPUTE_6793 = '''\
-# Recompute: activation-checkpointed forward of a block of layers.
-from contextlib import contextmanager, nullcontext
-from contextvars import ContextVar
-from typing import List, Optional, Set, Tuple, Union
 
-from torch import Tensor
 
-from megatron.core import tensor_parallel
-from megatron.core.extensions.transformer_engine import HAVE_TE
-from megatron.core.fp4_utils import get_fp4_context
-from megatron.core.fp8_utils import get_fp8_context
-from megatron.core.packed_seq_params import PackedSeqParams
-from megatron.core.transformer.module import MegatronModule
-from megatron.core.transformer.transformer_layer import TransformerLayer
+def installed_text(path: str) -> str:
+    """The installed megatron-core's file at ``path`` (a repository path under megatron/)."""
+    spec = importlib.util.find_spec(path.removesuffix(".py").replace("/", "."))
+    assert spec is not None and spec.origin is not None, path
+    return Path(spec.origin).read_text(encoding="utf-8")
 
-if HAVE_TE:
-    from megatron.core.extensions.transformer_engine import te_checkpoint
-else:
-    te_checkpoint = None
 
+def edited(text: str, *edits: tuple[str, str]) -> str:
+    for old, new in edits:
+        assert text.count(old) == 1, f"not once in the installed file: {old!r}"
+        text = text.replace(old, new)
+    return text
+
+
+CARRIER_STATE = '''
 
 class IndexShareCarrier:
     """What DSA keeps the top-k it shares between layers on: one per checkpointed forward."""
@@ -317,115 +317,15 @@ def index_share_carrier_scope(carrier: IndexShareCarrier):
         yield carrier
     finally:
         _INDEX_SHARE_CARRIER.reset(token)
-
-
-def checkpointed_forward(
-    self: MegatronModule,
-    hidden_states: Tensor,
-    attention_mask: Tensor,
-    context: Optional[Tensor],
-    context_mask: Optional[Tensor],
-    rotary_pos_emb: Tensor,
-    attention_bias: Optional[Tensor],
-    packed_seq_params: PackedSeqParams,
-    use_inner_quantization_context: bool,
-    padding_mask: Optional[Tensor] = None,
-    extract_layer_indices: Optional[Set[int]] = None,
-    layer_offset: int = 0,
-) -> Union[Tensor, Tuple[Tensor, List[Tensor]]]:
-    """Forward with activation checkpointing; extracted layers' outputs returned too."""
-    if extract_layer_indices is None:
-        extract_layer_indices = set()
-    extracted: List[Tensor] = []
-    dual_rope = isinstance(rotary_pos_emb, (tuple, list))
-    rotary_pos_emb = rotary_pos_emb if dual_rope else (None, rotary_pos_emb)
-CARRIER_SETUP
-    def custom(start: int, end: int):
-        def custom_forward(
-            hidden_states,
-            attention_mask,
-            context,
-            context_mask,
-            rotary_pos_emb_local,
-            rotary_pos_emb_global,
-            padding_mask=None,
-        ):
-            rope = rotary_pos_emb_global
-            if dual_rope:
-                rope = (rotary_pos_emb_local, rotary_pos_emb_global)
-            for index in range(start, end):
-                layer = self.layers[index]
-                quantization = nullcontext()
-                if use_inner_quantization_context and self.config.fp8:
-                    quantization = get_fp8_context(self.config, layer.layer_number - 1)
-                elif use_inner_quantization_context and self.config.fp4:
-                    quantization = get_fp4_context(self.config, layer.layer_number - 1)
-                kwargs = dict(
-                    hidden_states=hidden_states,
-                    attention_mask=attention_mask,
-                    context=context,
-                    context_mask=context_mask,
-                    rotary_pos_emb=rope,
-                    attention_bias=attention_bias,
-                    inference_context=None,
-                    packed_seq_params=packed_seq_params,
-                    padding_mask=padding_mask,
-                )
-                with quantization:
-                    if isinstance(layer, TransformerLayer):
-                        hidden_states, context = layer(**kwargs)
-                    else:  # a Mamba layer takes fewer arguments and returns one tensor
-                        for key in ("context", "context_mask", "attention_bias", "padding_mask"):
-                            kwargs.pop(key)
-                        hidden_states, context = layer(**kwargs), None
-                if isinstance(hidden_states, tuple):
-                    hidden_states = hidden_states[0]
-            return hidden_states, context
-CHUNK_RETURN
-    def run_chunk(start: int, end: int, checkpoint: bool):
-        nonlocal hidden_states, context
-        function = custom(start, end)
-        args = (hidden_states, attention_mask, context, context_mask, *rotary_pos_emb, padding_mask)
-        if not checkpoint:
-            hidden_states, context = function(*args)
-        elif self.config.fp8 or self.config.fp4:
-            hidden_states, context = te_checkpoint(
-                function,
-                self.config.distribute_saved_activations,
-                tensor_parallel.random.get_cuda_rng_tracker,
-                self.pg_collection.tp,
-                *args,
-            )
-        else:
-            hidden_states, context = tensor_parallel.checkpoint(
-                function, self.config.distribute_saved_activations, *args
-            )
-        last = end - 1 if self.config.recompute_method == "uniform" else start
-        if last + layer_offset in extract_layer_indices:
-            extracted.append(hidden_states)
-
-    layers = self.num_layers_per_pipeline_rank
-    if self.config.recompute_method == "uniform":
-        for start in range(0, layers, self.config.recompute_num_layers):
-            run_chunk(start, min(start + self.config.recompute_num_layers, layers), True)
-    elif self.config.recompute_method == "block":
-        skipped = 0
-        for index in range(layers):
-            if (self.config.fp8 or self.config.fp4) and not hidden_states.requires_grad:
-                skipped += 1
-            window = self.config.recompute_num_layers + skipped
-            run_chunk(index, index + 1, skipped <= index < window)
-    else:
-        raise ValueError("Invalid activation recompute method.")
-    if extract_layer_indices:
-        return hidden_states, extracted
-    return hidden_states
 '''
+NULLCONTEXT = "from contextlib import nullcontext\n"
+CONTEXTVAR = "from contextvars import ContextVar\n"
+TE_CHECKPOINT = "    te_checkpoint = None\n"
 # The fix: one carrier per call of a DSA model that shares top-k without packed sequences,
 # and every chunk the call builds runs in its scope (the closure keeps the carrier, so the
 # recompute of a checkpointed chunk in backward re-enters the same one).
-CARRIER_SETUP = """
-    carrier = None
+CHUNKS = "    def custom(start: int, end: int):\n"
+CARRIER_SETUP = """    carrier = None
     if (
         packed_seq_params is None
         and getattr(self.config, "experimental_attention_variant", None) == "dsa"
@@ -434,8 +334,8 @@ CARRIER_SETUP = """
         carrier = IndexShareCarrier()
 
 """
-CHUNK_IN_SCOPE = """
-        if carrier is None:
+CHUNK_RETURN = "        return custom_forward\n"
+CHUNK_IN_SCOPE = """        if carrier is None:
             return custom_forward
 
         def scoped_forward(*args):
@@ -443,60 +343,40 @@ CHUNK_IN_SCOPE = """
                 return custom_forward(*args)
 
         return scoped_forward
-
 """
-CHUNK_AS_IS = """        return custom_forward
-
-"""
-DSA_6793 = '''\
-# DeepSeek sparse attention.
-from typing import Optional
-
-import torch
-
-from megatron.core.packed_seq_params import PackedSeqParams
-CARRIER_IMPORTfrom megatron.core.transformer.module import MegatronModule
-
-
-class DSAttention(MegatronModule):
-    """Sparse attention over the top-k keys an indexer picks (shared between layers)."""
-
-    _HOLDER_ATTR = "_dsa_index_share_topk_holder"
-
-    def _get_index_share_carrier(
-        self, packed_seq_params: Optional[PackedSeqParams], attention_mask: Optional[torch.Tensor]
-    ) -> object:
-        """Return the object that carries DSA top-k sharing state for this forward."""
-        if packed_seq_params is not None:
-            return packed_seq_params
-CARRIER_LOOKUP        return attention_mask if attention_mask is not None else self.config
-
-    def _get_index_share_topk_holder(self, packed_seq_params, attention_mask=None):
-        carrier = self._get_index_share_carrier(packed_seq_params, attention_mask)
-        holder = getattr(carrier, self._HOLDER_ATTR, None)
-        if holder is None:
-            holder = {}
-            setattr(carrier, self._HOLDER_ATTR, holder)
-        return holder
-'''
+PACKED_FIRST = "        if packed_seq_params is not None:\n            return packed_seq_params\n"
 CARRIER_LOOKUP = """\
         carrier = get_index_share_carrier()
         if carrier is not None:
             return carrier
 """
-# The pull request's first commit: the carrier and its scope, which no forward enters and
-# DSA does not yet ask for (0.19.2's behaviour). Its second commit is the fix.
-RECOMPUTE_BEFORE = RECOMPUTE_6793.replace("CARRIER_SETUP\n", "\n").replace(
-    "CHUNK_RETURN\n", CHUNK_AS_IS
-)
-RECOMPUTE_FIXED = RECOMPUTE_6793.replace("CARRIER_SETUP\n", CARRIER_SETUP).replace(
-    "CHUNK_RETURN\n", CHUNK_IN_SCOPE
-)
+PACKED_IMPORT = "from megatron.core.packed_seq_params import PackedSeqParams\n"
 CARRIER_IMPORT = "from megatron.core.recompute import get_index_share_carrier\n"
-DSA_BEFORE = DSA_6793.replace("CARRIER_IMPORT", "").replace("CARRIER_LOOKUP", "")
-DSA_FIXED = DSA_6793.replace("CARRIER_IMPORT", CARRIER_IMPORT).replace(
-    "CARRIER_LOOKUP", CARRIER_LOOKUP
-)
+
+
+def the_6793_files() -> tuple[dict[str, str], dict[str, str]]:
+    """The pull request's two commits on the installed files: the carrier and its scope,
+    which no forward enters and DSA does not yet ask for (0.19.2's behaviour); then the fix."""
+    recompute = edited(
+        installed_text(RECOMPUTE),
+        (NULLCONTEXT, "from contextlib import contextmanager, nullcontext\n" + CONTEXTVAR),
+        (TE_CHECKPOINT, TE_CHECKPOINT + CARRIER_STATE),
+    )
+    dsa = installed_text(DSA)
+    before = {RECOMPUTE: recompute, DSA: dsa}
+    fixed = {
+        RECOMPUTE: edited(
+            recompute, (CHUNKS, CARRIER_SETUP + CHUNKS), (CHUNK_RETURN, CHUNK_IN_SCOPE)
+        ),
+        DSA: edited(
+            dsa,
+            (PACKED_IMPORT, PACKED_IMPORT + CARRIER_IMPORT),
+            (PACKED_FIRST, PACKED_FIRST + CARRIER_LOOKUP),
+        ),
+    }
+    return before, fixed
+
+
 CARRY_6793 = [
     "IndexShareCarrier",
     "_INDEX_SHARE_CARRIER",
@@ -509,10 +389,9 @@ CARRY_6793 = [
 def upstream_6793(tmp_path: Path) -> tuple[Path, str, str]:
     """The pull request's two commits: the carrier alone (before), then the fix."""
     repo = git.Repo.init(tmp_path / "Megatron-LM")
-    files = {RECOMPUTE: RECOMPUTE_BEFORE, DSA: DSA_BEFORE}
-    before = commit_files(repo, files, "recompute: an index-share carrier", None)
-    files = {RECOMPUTE: RECOMPUTE_FIXED, DSA: DSA_FIXED}
-    fixed = commit_files(repo, files, "fix(dsa): one top-k carrier per forward", before)
+    files_before, files_fixed = the_6793_files()
+    before = commit_files(repo, files_before, "recompute: an index-share carrier", None)
+    fixed = commit_files(repo, files_fixed, "fix(dsa): one top-k carrier per forward", before)
     return tmp_path / "Megatron-LM", before, fixed
 
 
