@@ -1,7 +1,7 @@
 """A synced vendored file, fed to the probe and applier, passes the hand-written one's tests,
 and the local changes survive the sync.
 
-The function comes from a test upstream repository (tests/sync/test_sync_upstream.py builds
+The function comes from a test upstream repository (tests/sync/upstreams.py builds
 it, written the way the pull request writes it: F.pad, ``permute().contiguous()``,
 ``.to(torch.int32)``, no index hygiene) through ``tools/sync_upstream.py`` into a
 temporary copy of vendor/, importable as the package ``synced_vendor``. A catalog entry
