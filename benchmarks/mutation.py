@@ -50,15 +50,23 @@ PYTEST_ARGS = ["-x", "-q", "-p", "no:cacheprovider", "-m", "not slow and not gpu
 
 # Which tests guard which module (the files a developer would run after editing it).
 MODULE_TESTS: dict[str, list[str]] = {
-    "probe.py": ["tests/test_probe.py", "tests/test_git_ancestry.py"],
-    "patcher.py": ["tests/test_api.py", "tests/test_reliability.py", "tests/test_post_import.py"],
-    "versions.py": ["tests/test_versions.py", "tests/test_probe.py"],
-    "targets.py": ["tests/test_targets.py", "tests/test_probe.py", "tests/test_reliability.py"],
-    "ranks.py": ["tests/test_ranks.py"],
-    "catalog/megatron_lm_7617.py": ["tests/test_probe.py"],
+    "probe.py": ["tests/decision/test_judging.py", "tests/evidence/test_git_ancestry.py"],
+    "patcher.py": [
+        "tests/api/test_api.py",
+        "tests/api/test_reliability.py",
+        "tests/interpreter/test_import_hooks.py",
+    ],
+    "versions.py": ["tests/evidence/test_versions.py", "tests/decision/test_judging.py"],
+    "targets.py": [
+        "tests/kinds/test_function_forwarder.py",
+        "tests/decision/test_judging.py",
+        "tests/api/test_reliability.py",
+    ],
+    "ranks.py": ["tests/job/test_ranks.py"],
+    "catalog/megatron_lm_7617.py": ["tests/decision/test_judging.py"],
 }
 PROPERTY_TEST = (
-    "tests/test_fused_sparse_mla_absorbed_properties.py::"
+    "tests/entries/test_fused_sparse_mla_absorbed_properties.py::"
     "test_never_raises_never_writes_and_is_none_or_right"
 )
 
@@ -147,7 +155,7 @@ TARGETED = [
         "backports/megatron/__init__.py",
         "import os\nimport sys\n",
         'import os\nimport sys\n\n__import__("json")\n',
-        ["tests/test_activation.py"],
+        ["tests/job/test_startup_hook.py"],
         "every interpreter of the environment pays an import at start-up",
     ),
     Targeted(
@@ -155,7 +163,7 @@ TARGETED = [
         "backports/megatron/__init__.py",
         'os.environ.get("MEGATRON_BACKPORTS", "")',
         'os.environ.get("MEGATRON_BACKPORTS" + "_", "")',
-        ["tests/test_activation.py"],
+        ["tests/job/test_startup_hook.py"],
         "the start-up trigger never reads MEGATRON_BACKPORTS (the name still appears)",
     ),
 ]

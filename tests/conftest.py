@@ -83,7 +83,8 @@ def _builtins_and_the_tests_own_plugins(
 
     The tests assert what the builtin entries do; a user's plugin installed in the same
     venv (its stub sniff says ``incompatible``, its warnings add lines) is not theirs to
-    judge, so its entry points are hidden from them. tests/test_plugins.py builds its own.
+    judge, so its entry points are hidden from them (tests/catalog/test_plugin_entries.py
+    builds its own).
     """
     if not _environment_plugins:
         yield

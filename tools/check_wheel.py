@@ -17,7 +17,7 @@ pass CI and break every user who installs it. This script (``tools/check-wheel``
    ``UPSTREAM.toml`` (the installed ``backports sync --check --vendor-dir``), ``status`` and
    ``check`` pass, ``backports new`` writes its templates, and ``backports apply`` makes a
    new interpreter that imports megatron get every backport;
-4. runs the CLI's process tests (``tests/test_cli_process.py``, copied out of the checkout)
+4. runs the CLI's process tests (``tests/commands/test_cli_process.py``, copied out of the checkout)
    with the venv's interpreter.
 
 Usage: ``python tools/check_wheel.py [--keep]`` from the project's venv (it needs ``build``,
@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "backports/megatron"
 # The process tests that need no source tree: they run `python -m backports.megatron`.
-TESTS = ("tests/test_cli_process.py",)
+TESTS = ("tests/commands/test_cli_process.py",)
 
 
 class CheckFailed(RuntimeError):

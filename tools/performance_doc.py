@@ -4,7 +4,7 @@
 Every figure on the page is read from a JSON file a benchmark script wrote, and so is where it
 was measured (machine, date, commit, card): a field the script did not record reads "not
 recorded", never a value typed here. After a benchmark writes new JSON, re-run this script;
-``--check`` (run by tests/test_performance_doc.py) exits 1 while the page differs from what
+``--check`` (run by tests/project/test_performance_doc.py) exits 1 while the page differs from what
 this script would write, so a stale page cannot be committed unnoticed.
 
     python tools/performance_doc.py           # rewrite docs/performance.md

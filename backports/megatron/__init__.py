@@ -78,7 +78,7 @@ def __dir__() -> list[str]:
 # Cheap and self-contained: os and sys only, nothing else of ours until megatron is imported.
 
 _TRIGGER = "__megatron_backports_trigger__"  # how triggers are told apart in sys.meta_path
-_OFF = ("0", "false", "off", "no")  # switches.FALSE, spelled out (tests/test_switches.py)
+_OFF = ("0", "false", "off", "no")  # switches.FALSE, spelled out (tests/api/test_switches.py)
 
 
 class _Trigger:

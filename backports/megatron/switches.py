@@ -11,7 +11,7 @@ silently (``MEGATRON_BACKPORTS=disable`` would otherwise leave the backports on)
 
 Stdlib and ``errors`` only: the api, the CLI and ``audit`` read the switches through here.
 (The start-up trigger, in ``__init__.py``, imports nothing of ours and spells ``FALSE`` out;
-``tests/test_switches.py`` keeps the two in step.)
+``tests/api/test_switches.py`` keeps the two in step.)
 """
 
 import logging

@@ -10,7 +10,7 @@ element compared with the saving optimizer's own. Stock is the same job under
 ``MEGATRON_BACKPORTS=0``. Which parameters stock must lose is worked out here from the
 bucket layout alone (those behind a padded bucket end), not from the code under test.
 
-tests/test_megatron_lm_5077_rehearsal.py runs the same checks on CPU (gloo, the GPU's memory
+tests/project/test_gpu_jobs_rehearsal.py runs the same checks on CPU (gloo, the GPU's memory
 stood in for by the CPU's), so a GPU's minutes are not spent on a trivial error.
 """
 

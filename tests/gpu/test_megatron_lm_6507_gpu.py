@@ -4,8 +4,9 @@ by the name ``megatron.training.training`` holds. Each parameter carries a host 
 ``get_/clear_high_precision_init_val`` as Transformer Engine's FP8 primary weights do: the
 builder leaves all six stock, none with the backport, six after revert.
 
-tests/test_megatron_lm_6507.py rehearses the same job on CPU (gloo, cuda_on_cpu.py). Run on
-an H100 (torch 2.11, CUDA 13.0) on 2026-12-06 with `tools/gpu_run.sh tests`: passed, 14 s.
+tests/entries/test_megatron_lm_6507.py rehearses the same job on CPU (gloo, cuda_on_cpu.py).
+Run on an H100 (torch 2.11, CUDA 13.0) on 2026-12-06 with `tools/gpu_run.sh tests`: passed,
+14 s.
 """
 
 from __future__ import annotations

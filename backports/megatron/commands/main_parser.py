@@ -24,7 +24,7 @@ _DISTRIBUTION = "megatron-backports"
 _PLUGIN_GROUP = "megatron_backports"  # plugins.GROUP, not imported: it loads the model
 _GLOBAL_FLAGS = ("-h", "--help", "--version", "-v", "--verbose")  # none takes a value
 # The switches each process reads (switches.py, verdict_cache.py: imported, they would load
-# the catalog; tests/test_commands_wing.py holds these names to theirs).
+# the catalog; tests/commands/test_commands_wing.py holds these names to theirs).
 _ENVIRONMENT = (
     ("MEGATRON_BACKPORTS=0", "every backport off (also: false, off, no)"),
     ("MEGATRON_BACKPORTS_SKIP=ID,...", "these backports off"),

@@ -169,7 +169,7 @@ def key(
     fingerprint is None: the probe then runs). ``child_path``: the folders of the path the
     sniff's child interpreters search that offer what they import (None: the sniff runs in
     this process). ``backports apply`` and every way of starting a job in the same
-    environment compute the same key (tests/test_proof_key.py)."""
+    environment compute the same key (tests/job/test_proof_key.py)."""
     if any(target is None for target in targets):
         return None
     found: dict[str, object] = {

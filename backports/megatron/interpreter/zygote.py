@@ -196,8 +196,8 @@ def _zygote(env: Mapping[str, str], path: Sequence[str]) -> Zygote | None:
         return started
 
 
-# The interpreter floor imports nothing of ours: switches.FALSE spelt out (tests/test_switches.py
-# keeps the two in step), as the start-up trigger in __init__.py does.
+# The interpreter floor imports nothing of ours: switches.FALSE spelt out
+# (tests/api/test_switches.py keeps the two in step), as the start-up trigger in __init__.py does.
 _FALSE = frozenset({"0", "false", "off", "no"})
 
 

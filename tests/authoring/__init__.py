@@ -1,0 +1,2 @@
+"""backports/megatron/authoring/: ``backports new`` (scaffold), ``--from-pr`` and
+``backports candidates``; a plugin installed for real."""

@@ -1,0 +1,278 @@
+"""The recording stand-ins a derived sniff runs on (``standin``), the search for an input
+that tells two versions apart (``explore``), and the judgement of what a call did.
+
+The functions observed here are small ones written for the test: the mechanism is what is
+under test; the real megatron targets are observed in tests/authoring/test_from_pr_command.py."""
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from backports.megatron.authoring.from_pr import explore, standin
+from backports.megatron.authoring.from_pr.standin import Mismatch, Observation, Setting, StandIn
+from backports.megatron.private_globals import with_globals
+
+# The name a pull request's test would import at module level; bound here only through the
+# test's private globals. (Importing megatron.core while this file is collected runs
+# setuptools, which drops ``backports`` from sys.modules under the next test files' feet.)
+GeLUFunction = None
+
+
+def _run(function, setting: Setting | None = None, recorders=(), module="m"):  # type: ignore[no-untyped-def]
+    return standin.observe(function, setting or Setting(), recorders, module, with_globals)
+
+
+def test_an_attribute_is_there_only_once_a_call_needed_it() -> None:
+    def reads(self):
+        optional = getattr(self, "optional", "absent")
+        return self.config.size, hasattr(self, "other"), optional
+
+    setting = Setting()
+    run = _run(reads, setting)
+    assert setting.attributes == {"self.config", "self.config.size"}  # learned, in turn
+    assert run.outcome == "return (<self.config.size>, False, 'absent')"
+
+
+def test_a_missing_attribute_raises_attribute_error_naming_the_stand_in() -> None:
+    run = standin.Run(Setting())
+    with pytest.raises(AttributeError) as caught:
+        _ = StandIn("ctx", run).saved
+    assert caught.value.name == "saved" and isinstance(caught.value.obj, StandIn)
+
+
+def test_unpacking_learns_how_many_items_a_stand_in_holds() -> None:
+    def unpacks(ctx):
+        _, second, _ = ctx.saved_tensors
+        return second
+
+    setting = Setting()
+    run = _run(unpacks, setting)
+    assert setting.lengths == {"ctx.saved_tensors": 3}
+    assert run.outcome == "return <ctx.saved_tensors[1]>"
+
+
+def test_calls_and_writes_are_facts_reads_and_questions_are_not() -> None:
+    def acts(self, x):
+        if self.ready:  # a question: not a fact
+            self.never()
+        self.sink(x, 2, mode="a", scale=torch.ones(2, dtype=torch.float32))
+        self.sink(x)
+        self.count = 3
+        x["k"] = None
+        return self.sink
+
+    facts = set(_run(acts).facts)
+    assert facts == {
+        "call self.sink#0",
+        "call self.sink#0 arg0=<x>",
+        "call self.sink#0 arg1=2",
+        "call self.sink#0 mode='a'",
+        "call self.sink#0 scale=tensor[torch.float32, (2,)]",
+        "call self.sink#1",
+        "call self.sink#1 arg0=<x>",
+        "set self.count=3",
+        "setitem x['k']=None",
+        "return <self.sink>",
+    }
+
+
+def test_a_truth_setting_takes_the_other_branch() -> None:
+    def branches(self):
+        return "yes" if self.flag > 1 else "no"
+
+    assert _run(branches).outcome == "return 'no'"
+    assert _run(branches, Setting(truths={"(self.flag > 1)": True})).outcome == "return 'yes'"
+
+
+def test_an_argument_may_be_none_or_its_default() -> None:
+    def takes(a, b=7):
+        return a, b
+
+    assert _run(takes, Setting(arguments={"a": "none"})).outcome == "return (None, 7)"
+    assert _run(takes, Setting(arguments={"b": "stand-in"})).outcome == "return (<a>, <b>)"
+
+
+def _versions():  # type: ignore[no-untyped-def]
+    def installed(self, batch):
+        if not self.enabled:
+            return None
+        return self.model(batch, labels=batch.labels)
+
+    def fixed(self, batch):
+        if not self.enabled:
+            return None
+        return self.model(batch, labels=batch.labels, mask=batch.mask)
+
+    return installed, fixed
+
+
+def test_the_search_finds_the_input_that_tells_the_versions_apart() -> None:
+    installed, fixed = _versions()
+    found = explore.search(
+        installed, fixed, target="M.forward", module="m", recorders=(), with_globals=with_globals
+    )
+    assert found is not None and found.clean
+    o = found.observation
+    assert o.main["truths"] == {"self.enabled": True}
+    assert o.fixed == ("call self.model#0 mask=<batch.mask>",)
+    assert o.needed == ()
+    assert o.anchors == ("call self.model#0",)
+    # No input on which both do something agreed (disabled: both only return None): the
+    # control is what both did on the main input.
+    assert o.control["truths"] == o.main["truths"]
+    assert o.control_facts == (
+        "call self.model#0",
+        "call self.model#0 arg0=<batch>",
+        "call self.model#0 labels=<batch.labels>",
+        "return <self.model#0()>",
+    )
+
+
+def test_a_focus_keeps_only_differences_the_test_observes() -> None:
+    installed, fixed = _versions()
+    common = {"target": "M.forward", "module": "m", "recorders": (), "with_globals": with_globals}
+    assert explore.search(installed, fixed, focus=frozenset({"loss"}), **common) is None
+    found = explore.search(installed, fixed, focus=frozenset({"mask"}), **common)
+    assert found is not None and found.observation.fixed == ("call self.model#0 mask=<batch.mask>",)
+
+
+def test_a_fixed_version_that_raises_where_the_installed_returns_is_no_sniff() -> None:
+    def installed(self):
+        return self.value
+
+    def fixed(self):
+        raise RuntimeError("broken vendoring")
+
+    found = explore.search(
+        installed, fixed, target="f", module="m", recorders=(), with_globals=with_globals
+    )
+    assert found is None
+
+
+def _observation(**changes):  # type: ignore[no-untyped-def]
+    installed, fixed = _versions()
+    found = explore.search(
+        installed, fixed, target="M.forward", module="m", recorders=(), with_globals=with_globals
+    )
+    assert found is not None
+    return found.observation, installed, fixed
+
+
+def test_judge_says_fixed_needed_or_neither() -> None:
+    o, installed, fixed = _observation()
+    assert standin.judge(standin.seen(fixed, o, with_globals), o) is True
+    assert standin.judge(standin.seen(installed, o, with_globals), o) is False
+
+    def neither(self, batch):  # calls the model another way
+        if not self.enabled:
+            return None
+        return self.model(batch, labels=batch.labels, mask=None)
+
+    with pytest.raises(Mismatch, match="behaves like neither"):
+        standin.judge(standin.seen(neither, o, with_globals), o)
+
+    o_no_control = Observation.from_json({**o.__dict__, "control_facts": ()})
+
+    def gone(self, batch):  # never calls the model
+        return None
+
+    with pytest.raises(Mismatch, match="the control call no longer does"):
+        standin.judge(standin.seen(gone, o, with_globals), o)
+    with pytest.raises(Mismatch, match="the call the versions differ at is gone"):
+        standin.judge(standin.seen(gone, o_no_control, with_globals), o_no_control)
+
+    def changed_control(self, batch):
+        self.log("x")
+        return installed(self, batch)
+
+    o2 = Observation.from_json({**o.__dict__, "control_facts": ("call self.other#0",)})
+    with pytest.raises(Mismatch, match=r"control call no longer does 'call self\.other#0'"):
+        standin.judge(standin.seen(changed_control, o2, with_globals), o2)
+
+
+def test_recorders_stand_in_for_callees_that_touch_a_gpu(tmp_path: Path) -> None:
+    """A module-global callee whose source allocates on CUDA becomes a recorder; a pure one
+    stays real. The module is written here, named like megatron's."""
+    source = textwrap.dedent(
+        """
+        import torch
+
+        def scratch(n):
+            return torch.empty(n, device=torch.cuda.current_device())
+
+        def double(n):
+            return 2 * n
+
+        def target(self):
+            return scratch(double(self.n))
+        """
+    )
+    (tmp_path / "megatron_fixture_toy.py").write_text(source)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import megatron_fixture_toy as toy
+
+        recorders = explore.recorders_for([toy.target], vars(toy))
+        assert recorders == ("scratch",)
+        run = _run(toy.target, recorders=recorders, module="megatron_fixture_toy")
+        assert "call scratch#0 arg0=(2 * <self.n>)" not in run.facts  # double ran for real
+        assert run.outcome.startswith("return <scratch#0()>")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("megatron_fixture_toy", None)
+
+
+def _passes_on_a_fixed_backward() -> None:
+    """A test as a pull request would write it: it names the class at module level."""
+    assert GeLUFunction.backward(None, 3) == (3, 3)
+
+
+def test_route_a_binds_a_subclass_whose_method_is_the_one_under_judgement() -> None:
+    from megatron.core.fusions.fused_bias_gelu import GeLUFunction
+
+    name, value = standin.test_binding(
+        "megatron.core.fusions.fused_bias_gelu", "GeLUFunction.backward", lambda ctx, g: (g, g)
+    )
+    assert name == "GeLUFunction" and issubclass(value, GeLUFunction) and value is not GeLUFunction
+    assert isinstance(vars(value)["backward"], staticmethod)  # as the class holds it
+    assert isinstance(vars(GeLUFunction)["backward"], staticmethod)  # the live one untouched
+    test = _passes_on_a_fixed_backward
+    assert standin.run_test(test, name, value, with_globals) == "passed"
+    # The installed backward reads ctx.saved_tensors of None: an error, not a failure.
+    outcome = standin.run_test(test, name, GeLUFunction, with_globals)
+    assert outcome.startswith("error AttributeError")
+
+
+def _divide_raises_on_a_remainder() -> None:
+    """A test as #101 of the fixture would write it, with ``pytest.raises``."""
+    import pytest
+
+    with pytest.raises(ValueError):
+        divide(7, 2)  # noqa: F821 - bound by run_test, as route a binds the target
+
+
+def _skips() -> None:
+    import pytest
+
+    pytest.skip("needs a GPU")
+
+
+def test_route_a_takes_pytest_raises_that_sees_nothing_raised_for_a_failure() -> None:
+    """``pytest.raises`` with nothing raised raises ``Failed``, a ``BaseException``: it is
+    the test failing, not the end of the process that runs it (the sniff child died)."""
+
+    def whole(numerator: int, denominator: int) -> float:
+        return numerator / denominator
+
+    def refuses(numerator: int, denominator: int) -> int:
+        if numerator % denominator:
+            raise ValueError("remainder")
+        return numerator // denominator
+
+    test = _divide_raises_on_a_remainder
+    assert standin.run_test(test, "divide", whole, with_globals) == "failed"
+    assert standin.run_test(test, "divide", refuses, with_globals) == "passed"
+    assert standin.run_test(_skips, "divide", whole, with_globals) == "error Skipped: needs a GPU"

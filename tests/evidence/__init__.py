@@ -1,0 +1,2 @@
+"""backports/megatron/evidence/: git ancestry, the versions imported, each target's
+distribution."""
