@@ -15,8 +15,8 @@ import pytest
 from backports.megatron import cli
 from backports.megatron.sync import commands as sync_commands
 from backports.megatron.sync.report import SyncReport
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "backports" / "megatron"
 
 # Where the commands' output and exit statuses are made.
