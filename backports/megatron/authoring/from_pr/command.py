@@ -163,7 +163,12 @@ def _derive(d: Derivation, number: int, scratch: Path, staging: Path, keep: bool
     shutil.rmtree(staging)
     write_plugin(d, staging)
     proof, paths = step("prove", lambda: prove(d.names.id, staging, scratch / "prove"))
-    d.proof = list(proof)
+    passed, discarded = sniffed.soundness()
+    d.proof = [
+        f"sniff soundness: {passed} semantics-preserving rewrite(s) of the installed and the "
+        f"fixed code read as their versions; {discarded} candidate sniff(s) discarded by them",
+        *proof,
+    ]
     d.upstream_tests = step(
         "upstream-tests", lambda: upstream_tests(d.names.id, d.clone, paths, scratch / "prove")
     )
