@@ -2,7 +2,8 @@
 
 Both functions are called on the same stand-ins (``standin``), starting from the plainest
 input (every ``bool()`` False, every argument a stand-in or its default); each input's
-neighbours flip one answer a stand-in gave (a ``bool()``, an empty iteration), or one
+neighbours flip one answer a stand-in gave (a ``bool()``, an empty iteration, an attribute
+a read with a default found absent: ``getattr(cfg, "x", False)``, ``hasattr``), or one
 argument (None, its default), breadth first, within a budget of runs and seconds. The
 first input where the facts differ is kept (one where both versions return is preferred),
 with a control input on which both versions agree, as close to it as found.
@@ -25,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from .standin import Function, Observation, Run, Setting, WithGlobals, observe
+from .standin import Function, Observation, Run, Setting, WithGlobals, observe, present
 
 # What a callee's source says when it allocates on a GPU or talks to a process group.
 _DEVICE_OR_GROUP = re.compile(
@@ -160,6 +161,11 @@ def _neighbours(
             longer = setting.copy()
             longer.lengths[path] = 1
             out.append(longer)
+    for path in dict.fromkeys(runs[0].missed + runs[1].missed):
+        if present(path) not in setting.truths:  # read with a default: try it there too
+            there = setting.copy()
+            there.truths[present(path)] = True
+            out.append(there)
     for index, (name, has_default) in enumerate(parameters):
         current = setting.arguments.get(name, "default" if has_default else "stand-in")
         choices = ["stand-in", "none"] + (["default"] if has_default else [])

@@ -71,12 +71,45 @@ def _unwrapped(obj: Callable[..., object]) -> Function:
     return cast(Function, inspect.unwrap(obj.__func__ if isinstance(obj, staticmethod) else obj))
 
 
+class Unavailable(RuntimeError):
+    """The installed target cannot be reached here (its one-line reason is the message)."""
+
+
+def _has_transformer_engine() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("transformer_engine") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _why_missing(module: types.ModuleType, owner_name: str, attribute: str) -> str:
+    """One line: why ``attribute`` is not there to run (a class that exists only with
+    Transformer Engine, where it is not installed, says so)."""
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        source = ""
+    if "transformer_engine" in source and not _has_transformer_engine():
+        return (
+            f"{attribute}: {owner_name} exists only with Transformer Engine, which is not "
+            "installed here: no route can run it (derive where Transformer Engine is "
+            "installed, or write the sniff by hand)"
+        )
+    return f"{attribute}: {module.__name__} defines no such function here"
+
+
 def _installed(module_name: str, attribute: str) -> tuple[Function, types.ModuleType]:
-    """(the installed undecorated function, its module)."""
+    """(the installed undecorated function, its module); ``Unavailable`` where the module
+    does not define it (a class that exists only with Transformer Engine, say)."""
     module = importlib.import_module(module_name)
     owner_name, _, name = attribute.rpartition(".")
-    owner = getattr(module, owner_name) if owner_name else module
-    return _unwrapped(vars(owner)[name]), module
+    owner = getattr(module, owner_name, None) if owner_name else module
+    found = vars(owner).get(name) if isinstance(owner, type | types.ModuleType) else None
+    if not callable(found) and not isinstance(found, staticmethod | classmethod):
+        raise Unavailable(_why_missing(module, owner_name or module_name, attribute))
+    return _unwrapped(found), module
 
 
 def _test(test: _Test) -> Function:
@@ -146,11 +179,12 @@ class _Soundness:
 def _test_says(test: Function, module: str, attribute: str) -> Callable[[Function], bool | str]:
     """A version's verdict by the test: fixed (passed), needed (failed), else its error."""
     from ._tool import with_globals
-    from .standin import run_test, test_binding
+    from .standin import is_failure, run_test, test_binding
 
     def says(version: Function) -> bool | str:
-        outcome = run_test(test, *test_binding(module, attribute, version), with_globals)
-        return outcome == "passed" if outcome in ("passed", "failed") else outcome
+        bound = test_binding(module, attribute, version)
+        outcome = run_test(test, *bound, with_globals, inside=_unwrapped(version).__code__)
+        return outcome == "passed" if outcome == "passed" or is_failure(outcome) else outcome
 
     return says
 
@@ -163,7 +197,7 @@ def _route_a(
     soundness: _Soundness,
 ) -> Json | None:
     from ._tool import with_globals
-    from .standin import run_test, test_binding
+    from .standin import is_failure, run_test, test_binding
 
     tried = []
     for test in request.get("tests", []):
@@ -179,15 +213,19 @@ def _route_a(
             tried.append(f"a: {test['id']} does not load here: {type(exc).__name__}: {exc}")
             continue
         module, attribute = target["module"], target["attribute"]
-        stock = run_test(function, *test_binding(module, attribute, installed), with_globals)
+        stock = run_test(
+            function,
+            *test_binding(module, attribute, installed),
+            with_globals,
+            inside=installed.__code__,
+        )
         ours = run_test(function, *test_binding(module, attribute, fixed), with_globals)
         seconds = round(time.monotonic() - start, 2)
         tried.append(
             f"a: {test['id']}: {stock} on the installed code, {ours} on the fixed ({seconds} s)"
         )
-        if stock != "failed" or ours != "passed" or seconds >= request["test_seconds"]:
+        if not is_failure(stock) or ours != "passed" or seconds >= request["test_seconds"]:
             continue
-
         why = soundness.refute(_test_says(function, module, attribute))
         if why is None:
             return {"route": "a", "test": test, "seconds": seconds, "tried": tried}
@@ -258,6 +296,22 @@ def _one(request: _Request, target: _Target, vendored: types.ModuleType) -> Json
     return result
 
 
+def target_answer(request: _Request, target: _Target, vendored: types.ModuleType) -> Json:
+    """One target's answer; what stopped its routes is its one line."""
+    try:
+        return _one(request, target, vendored)
+    except KeyboardInterrupt:
+        raise
+    except Unavailable as exc:
+        return {"route": None, "tried": [str(exc)]}
+    except BaseException as exc:  # the pull request's code ends no answer
+        return {
+            "route": None,
+            "tried": [f"the search failed: {type(exc).__name__}: {exc}"],
+            "traceback": traceback.format_exc(limit=-4),
+        }
+
+
 def main(argv: list[str]) -> int:
     with open(argv[0], encoding="utf-8") as handle:
         request = json.load(handle)
@@ -266,16 +320,7 @@ def main(argv: list[str]) -> int:
         vendored = importlib.import_module(request["vendored"])
         vendored.__target_module__ = request["main_module"]  # type: ignore[attr-defined]
         for target in request["targets"]:
-            try:
-                answer["targets"][target["attribute"]] = _one(request, target, vendored)
-            except KeyboardInterrupt:
-                raise
-            except BaseException as exc:  # the pull request's code ends no answer
-                answer["targets"][target["attribute"]] = {
-                    "route": None,
-                    "tried": [f"the search failed: {type(exc).__name__}: {exc}"],
-                    "traceback": traceback.format_exc(limit=-4),
-                }
+            answer["targets"][target["attribute"]] = target_answer(request, target, vendored)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # SystemExit or pytest's outcomes from an import too
