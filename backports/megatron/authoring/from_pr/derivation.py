@@ -39,7 +39,10 @@ class Names:
 
 
 def repo_name(url: str) -> str:
-    """``NVIDIA/Megatron-LM`` for a GitHub URL, else the clone folder's name."""
+    """``NVIDIA/Megatron-LM`` for a GitHub URL (or that name itself), else the last part
+    of the URL."""
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", url):
+        return url
     match = _GITHUB.search(url)
     if match:
         return match.group(1)
