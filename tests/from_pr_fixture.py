@@ -33,7 +33,9 @@ upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has
   merge also brings a branch of no pull request that changes ``GeLUFunction.backward``;
 - #117 (merged): ``MCoreTensorAwareStateDict._validate_params`` also accepts
   ``"fully_parallel_async"``, its rule rewritten from ``!=``/``and`` to ``not in``: the
-  naive sniff judges that spelling (stand-ins answer ``!=`` apart from ``in``).
+  naive sniff judges that spelling (stand-ins answer ``!=`` apart from ``in``);
+- #118 (merged): ``round_up_to_nearest_multiple`` keeps the value for a zero multiple, with
+  a CPU test that raises ``ZeroDivisionError`` inside it on the installed code (route a).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ POST_TRAINING = "megatron/post_training/notes.py"
 TEST_UTILS = "tests/unit_tests/test_utils.py"
 TEST_GELU = "tests/unit_tests/fusions/test_fused_bias_gelu.py"
 TASD = "megatron/core/dist_checkpointing/tensor_aware_state_dict.py"
-NEWEST = 117
+NEWEST = 118
 LIMITS = "megatron/core/limits.json"
 
 DIVIDE = '''\
@@ -437,6 +439,21 @@ def build(root: Path) -> Upstream:
     )
     c["head117"] = _pull(b, 117, main, "async", {TASD: tasd})
     c["merge117"] = main = _merge(b, main, 117, "Accept fully_parallel_async", c["head117"])
+
+    # #118: a zero multiple raises inside the installed function; its test says so.
+    u = edit(
+        b.files[main][UTILS],
+        "    return math.ceil(value / multiple) * multiple\n",
+        "    if multiple == 0:\n        return value\n"
+        "    return math.ceil(value / multiple) * multiple\n",
+    )
+    t = "from megatron.core.utils import round_up_to_nearest_multiple\n" + b.files[main][TEST_UTILS]
+    t += (
+        "\n\ndef test_a_zero_multiple_keeps_the_value():\n"
+        "    assert round_up_to_nearest_multiple(5, 0) == 5\n"
+    )
+    c["head118"] = _pull(b, 118, main, "zero multiple", {UTILS: u, TEST_UTILS: t})
+    c["merge118"] = main = _merge(b, main, 118, "Round up to a zero multiple", c["head118"])
 
     b.ref("refs/heads/main", main)
     b.repo.git.checkout("--quiet", "--force", "main")

@@ -244,6 +244,38 @@ def test_a_sniff_that_judges_code_shape_is_replaced_by_one_every_rewrite_agrees_
 
 
 @pytest.mark.slow
+def test_a_test_that_raises_inside_the_target_on_the_installed_code_is_route_a(
+    upstream, tmp_path, capsys
+) -> None:
+    """#118's test calls ``round_up_to_nearest_multiple(5, 0)``: the installed code raises
+    ZeroDivisionError inside it (pytest says FAILED: the bug), the fixed one returns 5. The
+    test is the sniff; at run time a raise inside the target reads as needed."""
+    dest = tmp_path / "plugin"
+    assert _new(upstream, 118, dest) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "  round_up_to_nearest_multiple: route a, the pull request's own test" in out
+    entry = (dest / "mlm_pr_118_backport" / "entry.py").read_text()
+    assert "ROUTE = 'a'" in entry
+    done = _installed_check(dest, "mlm-pr-118", tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "needed" in done.stdout
+    # Nothing of the author's machine is written: the fixture clone has no origin, so the
+    # plugin names the upstream repository, not the clone's folder (or the venv's).
+    manifest = tomllib.loads(
+        (dest / "mlm_pr_118_backport" / "vendor" / "mlm_pr_118" / "UPSTREAM.toml").read_text()
+    )
+    assert manifest["repo"] == "NVIDIA/Megatron-LM"
+    machine = (str(upstream.path), str(tmp_path), sys.prefix, str(Path.home()))
+    for written in dest.rglob("*"):
+        if written.is_file():
+            text = written.read_text(encoding="utf-8", errors="replace")
+            assert not [p for p in machine if p in text], (
+                written,
+                [p for p in machine if p in text],
+            )
+
+
+@pytest.mark.slow
 def test_keep_unfinished_writes_a_plugin_that_check_fails(upstream, tmp_path, capsys) -> None:
     """#103's hunk does not apply: with --keep-unfinished the plugin is written (its sniff
     unfinished), exit 1, and ``backports check`` fails on it once installed."""
