@@ -247,6 +247,8 @@ def search(
                 visited.add(other.key())
                 queue.append(other)
     for setting in fallbacks[:_FALLBACKS]:
+        if time.monotonic() - start > 2 * seconds:
+            break
         kept = _candidate(ex, setting, agreeing, target, start, False, validate, on_discard)
         if kept is not None:
             return kept
@@ -274,6 +276,8 @@ def _candidate(
         why = "" if validate is None else (validate(observation) or "")
         if not why:
             return Found(observation, ex.runs, time.monotonic() - start, len(ex.attributes), clean)
+        if "the control call" not in why:
+            break  # the main input itself reads wrong: another control will not save it
     if on_discard is not None:
         on_discard(why)
     return None
