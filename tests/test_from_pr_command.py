@@ -265,6 +265,15 @@ def test_a_test_that_raises_inside_the_target_on_the_installed_code_is_route_a(
         (dest / "mlm_pr_118_backport" / "vendor" / "mlm_pr_118" / "UPSTREAM.toml").read_text()
     )
     assert manifest["repo"] == "NVIDIA/Megatron-LM"
+    # The fix's text is recorded (what lets status say upstream once a release has it),
+    # as the merge holds it; the installed text is not it.
+    from backports.megatron.evidence.fix_text import symbol_digest
+    from tests.from_pr_fixture import UTILS, installed_text
+
+    merged = upstream.repo.git.show(f"{upstream.sha('merge118')}:{UTILS}")
+    name = "round_up_to_nearest_multiple"
+    assert manifest["fixed_symbols_sha256"] == {name: symbol_digest(merged, name)}
+    assert symbol_digest(installed_text(UTILS), name) != symbol_digest(merged, name)
     machine = (str(upstream.path), str(tmp_path), sys.prefix, str(Path.home()))
     for written in dest.rglob("*"):
         if written.is_file():
