@@ -30,7 +30,12 @@ upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has
 - #115 (merged): changes ``accepts_parameter`` and a data file (``megatron/core/limits.json``),
   which a function swap cannot carry;
 - #116 (merged by an octopus merge titled ``(#116)``): its head changes ``divide``; the
-  merge also brings a branch of no pull request that changes ``GeLUFunction.backward``.
+  merge also brings a branch of no pull request that changes ``GeLUFunction.backward``;
+- #117 (merged): ``MCoreTensorAwareStateDict._validate_params`` also accepts
+  ``"fully_parallel_async"``, its rule rewritten from ``!=``/``and`` to ``not in``: the
+  naive sniff judges that spelling (stand-ins answer ``!=`` apart from ``in``);
+- #118 (merged): ``round_up_to_nearest_multiple`` keeps the value for a zero multiple, with
+  a CPU test that raises ``ZeroDivisionError`` inside it on the installed code (route a).
 """
 
 from __future__ import annotations
@@ -50,7 +55,8 @@ DIVISIBILITY = "megatron/core/divisibility.py"
 POST_TRAINING = "megatron/post_training/notes.py"
 TEST_UTILS = "tests/unit_tests/test_utils.py"
 TEST_GELU = "tests/unit_tests/fusions/test_fused_bias_gelu.py"
-NEWEST = 116
+TASD = "megatron/core/dist_checkpointing/tensor_aware_state_dict.py"
+NEWEST = 118
 LIMITS = "megatron/core/limits.json"
 
 DIVIDE = '''\
@@ -190,6 +196,7 @@ def _initial() -> dict[str, str]:
         GELU: installed_text(GELU),
         ROPE: installed_text(ROPE),
         LAYERWISE: installed_text(LAYERWISE),
+        TASD: installed_text(TASD),
         POST_TRAINING: POST_TRAINING_TEXT,
         TEST_UTILS: TEST_UTILS_TEXT,
         TEST_GELU: TEST_GELU_TEXT,
@@ -423,6 +430,30 @@ def build(root: Path) -> Upstream:
         octopus = b.repo.git.commit_tree(tree, *flags, "-m", "Merge branches (#116)").strip()
     b.files[octopus] = b.files[both]
     c["merge116"] = main = octopus
+
+    # #117: one more accepted algorithm, the rule spelled another way.
+    tasd = edit(
+        b.files[main][TASD],
+        '        if algo != "atomic" and algo != "fully_parallel":\n',
+        '        if algo not in ("atomic", "fully_parallel", "fully_parallel_async"):\n',
+    )
+    c["head117"] = _pull(b, 117, main, "async", {TASD: tasd})
+    c["merge117"] = main = _merge(b, main, 117, "Accept fully_parallel_async", c["head117"])
+
+    # #118: a zero multiple raises inside the installed function; its test says so.
+    u = edit(
+        b.files[main][UTILS],
+        "    return math.ceil(value / multiple) * multiple\n",
+        "    if multiple == 0:\n        return value\n"
+        "    return math.ceil(value / multiple) * multiple\n",
+    )
+    t = "from megatron.core.utils import round_up_to_nearest_multiple\n" + b.files[main][TEST_UTILS]
+    t += (
+        "\n\ndef test_a_zero_multiple_keeps_the_value():\n"
+        "    assert round_up_to_nearest_multiple(5, 0) == 5\n"
+    )
+    c["head118"] = _pull(b, 118, main, "zero multiple", {UTILS: u, TEST_UTILS: t})
+    c["merge118"] = main = _merge(b, main, 118, "Round up to a zero multiple", c["head118"])
 
     b.ref("refs/heads/main", main)
     b.repo.git.checkout("--quiet", "--force", "main")

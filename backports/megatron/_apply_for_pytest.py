@@ -6,10 +6,18 @@ collected; in both runs it writes to the JSON file ``BACKPORTS_UPSTREAM_TESTS_RE
 names each test's outcome by node id, the first error line of each test that did not pass
 (with where it was raised), and the environment the tests ran in. The file is rewritten
 after every test, so a run stopped at its time limit still tells what it finished.
+
+With ``BACKPORTS_UPSTREAM_TESTS_OFFLINE`` set (``upstream-tests`` sets it), the run is
+offline from the moment this plugin is imported, before any ``conftest.py``: a connection
+(or a name lookup) to anything but loopback or a local socket fails with
+``ConnectionRefusedError``, and the test that tried is reported as needing the network.
 """
 
+import errno
+import ipaddress
 import json
 import os
+import socket
 import sys
 import sysconfig
 from typing import Any
@@ -18,6 +26,71 @@ _outcomes: dict[str, str] = {}
 _skips: dict[str, str] = {}  # node id -> why it was skipped (a CUDA-only test on CPU, ...)
 _errors: dict[str, dict[str, str]] = {}  # node id -> {"line": ..., "where": "path:line"}
 _rootdir: list[str] = []
+_network: dict[str, str] = {}  # node id (or "<collection>") -> the address it tried first
+NETWORK = "needs the network"
+_LOCAL_NAMES = frozenset({"", "localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+def _loopback(host: object) -> bool:
+    if host is None:
+        return True
+    name = str(host.decode() if isinstance(host, bytes) else host).strip("[]").lower()
+    if name in _LOCAL_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def _current_test() -> str:
+    current = os.environ.get("PYTEST_CURRENT_TEST", "")
+    return current.rsplit(" (", 1)[0] if current else "<collection>"
+
+
+def _refuse(host: object, port: object) -> None:
+    where = f"{host}:{port}"
+    _network.setdefault(_current_test(), where)
+    raise ConnectionRefusedError(
+        errno.ECONNREFUSED,
+        f"{NETWORK}: backports upstream-tests runs offline (a connection to {where})",
+    )
+
+
+def _go_offline() -> None:
+    """Refuse every connection and name lookup but loopback's, in this process."""
+    connect, connect_ex, getaddrinfo = (
+        socket.socket.connect,
+        socket.socket.connect_ex,
+        socket.getaddrinfo,
+    )
+    inet = (socket.AF_INET, socket.AF_INET6)
+
+    def offline_connect(self: socket.socket, address: Any) -> None:
+        if self.family in inet and not _loopback(address[0]):
+            _refuse(address[0], address[1])
+        connect(self, address)
+
+    def offline_connect_ex(self: socket.socket, address: Any) -> int:
+        if self.family in inet and not _loopback(address[0]):
+            _refuse(address[0], address[1])
+        return connect_ex(self, address)
+
+    def offline_getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _loopback(host):
+            try:
+                ipaddress.ip_address(str(host).strip("[]").split("%")[0])
+            except ValueError:  # a name to look up: that is the network already
+                _refuse(host, port)
+        return getaddrinfo(host, port, *args, **kwargs)
+
+    socket.socket.connect = offline_connect  # type: ignore[method-assign, assignment]
+    socket.socket.connect_ex = offline_connect_ex  # type: ignore[method-assign, assignment]
+    socket.getaddrinfo = offline_getaddrinfo
+
+
+if os.environ.get("BACKPORTS_UPSTREAM_TESTS_OFFLINE"):
+    _go_offline()
 
 
 def pytest_configure(config: Any) -> None:
@@ -83,6 +156,11 @@ def pytest_runtest_logreport(report: Any) -> None:
             _errors.setdefault(report.nodeid, {"line": f"skipped: {reason}", "where": ""})
         elif report.failed:
             _errors.setdefault(report.nodeid, _first_error(report))
+            if report.nodeid in _network:  # whatever it raised, the network was why
+                _errors[report.nodeid]["line"] = (
+                    f"{NETWORK} (a connection to {_network[report.nodeid]}; "
+                    f"upstream-tests runs offline): {_errors[report.nodeid]['line']}"
+                )
     if report.when == "teardown":
         _write()
 
@@ -126,6 +204,7 @@ def _write() -> None:
         "skips": _skips,
         "errors": _errors,
         "environment": _environment(),
+        "network": _network,
     }
     partial = f"{path}.partial"
     with open(partial, "w", encoding="utf-8") as handle:

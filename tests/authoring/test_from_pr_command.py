@@ -4,7 +4,9 @@ proven (nothing written, or with --keep-unfinished a plugin ``check`` fails), 2 
 The fast tests stop before any code of the pull request runs; the slow ones derive, prove
 and write whole plugins from the fixture repository (each in a few minutes)."""
 
+import ast
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -211,6 +213,76 @@ def test_a_drifted_autograd_backward_is_proven_by_the_tests_observation(
     assert "tmp = tmp.clamp(-1.0, 1.0)" in text and "ctx.saved_tensors[0]" not in text
     done = _installed_check(dest, "mlm-pr-102", tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_a_sniff_that_judges_code_shape_is_replaced_by_one_every_rewrite_agrees_with(
+    upstream, tmp_path, capsys
+) -> None:
+    """#117 spells the rule another way (``!=``/``and`` to ``not in``) as it adds an
+    algorithm. Stand-ins answer ``algo != "atomic"`` and ``"atomic" == algo`` as two
+    questions, so the first input that tells the versions apart is one where ``algo`` is
+    "atomic" and not "atomic" at once: a sniff of spelling. The rewrites (the installed
+    rule as ``not in``, the fixed one as a chain of ``!=``) discard it; the sniff kept is
+    the fix's case, read alike in every spelling: ``algo`` is "fully_parallel_async"."""
+    dest = tmp_path / "plugin"
+    assert _new(upstream, 117, dest) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    entry = (dest / "mlm_pr_117_backport" / "entry.py").read_text()
+    truths = re.search(r"'truths': (\{[^}]*\})", entry)
+    assert truths is not None, entry
+    said = {k for k, v in ast.literal_eval(truths.group(1)).items() if v}
+    assert said == {
+        "(algo != 'atomic')",
+        "(algo != 'fully_parallel')",
+        "(algo == 'fully_parallel_async')",
+    }
+    rewrites = next(line for line in out.splitlines() if "      rewrites (" in line)
+    passed, discarded = re.search(r"(\d+) passed, (\d+) candidate sniff", rewrites).groups()
+    assert int(passed) >= 4 and int(discarded) >= 1, rewrites
+    assert "installed: comparisons" in rewrites or "comparisons," in rewrites
+    assert f"sniff soundness: {passed} semantics-preserving rewrite(s)" in out
+
+
+@pytest.mark.slow
+def test_a_test_that_raises_inside_the_target_on_the_installed_code_is_route_a(
+    upstream, tmp_path, capsys
+) -> None:
+    """#118's test calls ``round_up_to_nearest_multiple(5, 0)``: the installed code raises
+    ZeroDivisionError inside it (pytest says FAILED: the bug), the fixed one returns 5. The
+    test is the sniff; at run time a raise inside the target reads as needed."""
+    dest = tmp_path / "plugin"
+    assert _new(upstream, 118, dest) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "  round_up_to_nearest_multiple: route a, the pull request's own test" in out
+    entry = (dest / "mlm_pr_118_backport" / "entry.py").read_text()
+    assert "ROUTE = 'a'" in entry
+    done = _installed_check(dest, "mlm-pr-118", tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "needed" in done.stdout
+    # Nothing of the author's machine is written: the fixture clone has no origin, so the
+    # plugin names the upstream repository, not the clone's folder (or the venv's).
+    manifest = tomllib.loads(
+        (dest / "mlm_pr_118_backport" / "vendor" / "mlm_pr_118" / "UPSTREAM.toml").read_text()
+    )
+    assert manifest["repo"] == "NVIDIA/Megatron-LM"
+    # The fix's text is recorded (what lets status say upstream once a release has it),
+    # as the merge holds it; the installed text is not it.
+    from backports.megatron.evidence.fix_text import symbol_digest
+    from tests.from_pr_fixture import UTILS, installed_text
+
+    merged = upstream.repo.git.show(f"{upstream.sha('merge118')}:{UTILS}")
+    name = "round_up_to_nearest_multiple"
+    assert manifest["fixed_symbols_sha256"] == {name: symbol_digest(merged, name)}
+    assert symbol_digest(installed_text(UTILS), name) != symbol_digest(merged, name)
+    machine = (str(upstream.path), str(tmp_path), sys.prefix, str(Path.home()))
+    for written in dest.rglob("*"):
+        if written.is_file():
+            text = written.read_text(encoding="utf-8", errors="replace")
+            assert not [p for p in machine if p in text], (
+                written,
+                [p for p in machine if p in text],
+            )
 
 
 @pytest.mark.slow

@@ -160,3 +160,37 @@ def test_a_merge_commit_of_the_head_alone_is_verified(tmp_path, upstream) -> Non
     pr = resolve_pull_request(repo, 116)
     assert pr.merge is not None and pr.merge.sha == merge and pr.merge.verified, pr.merge
     assert pr.base.sha == main
+
+
+@pytest.mark.parametrize(
+    ("origins", "recorded"),
+    [
+        ([], "NVIDIA/Megatron-LM"),  # no origin: the upstream, not the clone's folder
+        (
+            ["https://user:t0ken@github.com/NVIDIA/Megatron-LM.git"],
+            "https://github.com/NVIDIA/Megatron-LM.git",
+        ),
+        (["git@github.com:acme/Megatron-LM.git"], "git@github.com:acme/Megatron-LM.git"),
+        (
+            ["file://MIRROR", "https://example.com/Megatron-LM.git"],
+            "https://example.com/Megatron-LM.git",
+        ),
+        (["MIRROR"], "NVIDIA/Megatron-LM"),  # a chain of local folders: no path is written
+    ],
+)
+def test_the_recorded_repo_is_never_a_path_of_this_machine(tmp_path, origins, recorded) -> None:
+    """``repo`` in a generated plugin's UPSTREAM.toml: the first network URL along the
+    clone's chain of origins, without credentials, else ``NVIDIA/Megatron-LM``."""
+    import git
+
+    from backports.megatron.authoring.from_pr.derivation import repo_name
+
+    clone = git.Repo.init(tmp_path / "clone")
+    mirror = git.Repo.init(tmp_path / "mirror", bare=True)
+    if origins:
+        clone.create_remote("origin", origins[0].replace("MIRROR", str(tmp_path / "mirror")))
+    if len(origins) > 1:
+        mirror.create_remote("origin", origins[1])
+    url = open_clone(str(tmp_path / "clone")).origin_url()
+    assert url == recorded and str(tmp_path) not in url
+    assert repo_name(url) in ("NVIDIA/Megatron-LM", "acme/Megatron-LM", "Megatron-LM")

@@ -276,3 +276,122 @@ def test_route_a_takes_pytest_raises_that_sees_nothing_raised_for_a_failure() ->
     assert standin.run_test(test, "divide", whole, with_globals) == "failed"
     assert standin.run_test(test, "divide", refuses, with_globals) == "passed"
     assert standin.run_test(_skips, "divide", whole, with_globals) == "error Skipped: needs a GPU"
+
+
+# ---- routes that see the bug (issue 44 item 3) ---------------------------------------------
+
+
+def _round_up(value, multiple):  # type: ignore[no-untyped-def]
+    """As megatron's round_up_to_nearest_multiple: a zero multiple raises in here."""
+    import math
+
+    return math.ceil(value / multiple) * multiple
+
+
+def _needs_a_gpu(value, multiple):  # type: ignore[no-untyped-def]
+    raise RuntimeError("Found no NVIDIA driver on your system")
+
+
+def _needs_a_module(value, multiple):  # type: ignore[no-untyped-def]
+    import megatron_fixture_absent  # noqa: F401
+
+    return value
+
+
+def _rounds_a_zero_multiple_to_the_value() -> None:
+    """A test as a pull request would write it: it calls the target, which raises."""
+    assert round_up(5, 0) == 5  # noqa: F821 - bound by run_test, as route a binds the target
+
+
+def _raises_itself() -> None:
+    round_up(5, 1)  # noqa: F821
+    raise ZeroDivisionError("in the test, not in the target")
+
+
+def test_route_a_takes_an_exception_raised_inside_the_target_for_a_failure() -> None:
+    """pytest calls a test FAILED when the code under test raises: on the installed code
+    that is the bug (not an environment that lacks something)."""
+    test = _rounds_a_zero_multiple_to_the_value
+    outcome = standin.run_test(test, "round_up", _round_up, with_globals, _round_up.__code__)
+    assert outcome.startswith("failed: raised ZeroDivisionError inside _round_up")
+    assert standin.is_failure(outcome)
+    # Without the target's code, it is the error it was.
+    assert standin.run_test(test, "round_up", _round_up, with_globals).startswith(
+        "error ZeroDivisionError"
+    )
+    # Raised by the test itself, or where the environment lacks something: an error.
+    raised = standin.run_test(
+        _raises_itself, "round_up", _round_up, with_globals, _round_up.__code__
+    )
+    assert raised.startswith("error ZeroDivisionError")
+    for lacking in (_needs_a_gpu, _needs_a_module):
+        said = standin.run_test(test, "round_up", lacking, with_globals, lacking.__code__)
+        assert said.startswith("error "), said
+
+
+def test_a_run_time_sniff_of_route_a_reads_a_raise_inside_the_target_as_needed() -> None:
+    entry: standin.SniffEntry = {"route": "a", "target": "round_up", "test": "t"}
+    assert standin.decide({"test": "failed: raised ZeroDivisionError inside f: x"}, entry) is False
+    assert standin.decide({"test": "passed"}, entry) is True
+    with pytest.raises(Mismatch):
+        standin.decide({"test": "error ImportError: no module"}, entry)
+
+
+def _reads_a_flag(self, cfg):  # type: ignore[no-untyped-def]
+    if getattr(cfg, "use_cache", False):
+        return self.cached()
+    return self.plain()
+
+
+def _fixed_reads_a_flag(self, cfg):  # type: ignore[no-untyped-def]
+    if getattr(cfg, "use_cache", False):
+        return self.cached(cfg.cache_size)
+    return self.plain()
+
+
+def _asks_hasattr(self, cfg):  # type: ignore[no-untyped-def]
+    return self.cached() if hasattr(cfg, "cache") else None
+
+
+def _fixed_asks_hasattr(self, cfg):  # type: ignore[no-untyped-def]
+    return self.cached(cfg.cache) if hasattr(cfg, "cache") else None
+
+
+@pytest.mark.parametrize(
+    ("installed", "fixed", "truths"),
+    [
+        (_reads_a_flag, _fixed_reads_a_flag, {"has cfg.use_cache": True, "cfg.use_cache": True}),
+        (_asks_hasattr, _fixed_asks_hasattr, {"has cfg.cache": True}),
+    ],
+)
+def test_the_search_tries_an_attribute_read_with_a_default_both_ways(
+    installed, fixed, truths
+) -> None:
+    """``getattr(cfg, "x", False)`` and ``hasattr``: the fix is behind the attribute being
+    there, which a stand-in says only when the search asks it to."""
+    found = explore.search(
+        installed, fixed, target="f", module="m", recorders=(), with_globals=with_globals
+    )
+    assert found is not None
+    assert {k: v for k, v in found.observation.main["truths"].items() if v} == truths
+    o = found.observation
+    assert standin.judge(standin.seen(fixed, o, with_globals), o) is True
+    assert standin.judge(standin.seen(installed, o, with_globals), o) is False
+
+
+def test_a_class_that_exists_only_with_transformer_engine_says_so_in_one_line() -> None:
+    """Transformer Engine is not installed here: ``TELinear`` is then a stand-in of the
+    module's, with no ``forward`` of its own (the sniff said ``KeyError: 'forward'``)."""
+    from backports.megatron.authoring.from_pr import sniff_child
+
+    target = {
+        "module": "megatron.core.extensions.transformer_engine",
+        "attribute": "TELinear.forward",
+    }
+    answer = sniff_child.target_answer({}, target, None)  # type: ignore[arg-type]
+    assert answer["route"] is None
+    assert answer["tried"] == [
+        "TELinear.forward: TELinear exists only with Transformer Engine, which is not installed "
+        "here: no route can run it (derive where Transformer Engine is installed, or write the "
+        "sniff by hand)"
+    ]

@@ -496,3 +496,100 @@ def test_a_tree_entry_climbing_out_of_the_folder_is_refused_and_nothing_written(
     assert "crafted clone, refused (nothing written)" in err
     assert list(private_tmp.iterdir()) == []
     assert not [p for p in tmp_path.rglob("escaped.py")]
+
+
+# ---- offline (issue 44 item 6) -----------------------------------------------------------------
+
+OFFLINE_PROBE = """\
+import os
+import socket
+
+os.environ["BACKPORTS_UPSTREAM_TESTS_OFFLINE"] = "1"
+os.environ["PYTEST_CURRENT_TEST"] = "tests/test_x.py::test_y (call)"
+import backports.megatron._apply_for_pytest as plugin
+
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen()
+socket.create_connection(server.getsockname(), timeout=5).close()
+print("loopback: ok")
+for address in (("192.0.2.1", 80), ("::ffff:192.0.2.1", 80)):
+    family = socket.AF_INET if "." in address[0] and ":" not in address[0] else socket.AF_INET6
+    try:
+        socket.socket(family).connect(address)
+    except ConnectionRefusedError as exc:
+        print("refused:", exc.strerror)
+try:
+    socket.getaddrinfo("example.com", 443)
+except ConnectionRefusedError as exc:
+    print("lookup refused:", exc.strerror)
+print("localhost:", bool(socket.getaddrinfo("localhost", 80)))
+print("who:", plugin._network)
+"""
+
+
+def test_the_plugin_refuses_every_connection_but_loopbacks(tmp_path: Path) -> None:
+    """What ``upstream-tests`` children run with: a connect or a name lookup off this
+    machine fails at once, saying the test needs the network; loopback works."""
+    done = subprocess.run(
+        [sys.executable, "-P", "-c", OFFLINE_PROBE],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    said = "needs the network: backports upstream-tests runs offline (a connection to "
+    assert lines == [
+        "loopback: ok",
+        f"refused: {said}192.0.2.1:80)",
+        f"refused: {said}::ffff:192.0.2.1:80)",
+        f"lookup refused: {said}example.com:443)",
+        "localhost: True",
+        "who: {'tests/test_x.py::test_y': '192.0.2.1:80'}",
+    ]
+
+
+DOWNLOADS = """\
+import urllib.request
+
+try:  # as upstream's conftest.py fetches a data set when it can
+    urllib.request.urlopen("https://example.com/dataset.json", timeout=5)
+except OSError:
+    pass
+"""
+NEEDS_THE_NETWORK = """\
+import urllib.request
+
+
+class TestTop2Router:
+    def test_expert_bias_token_counts_with_padding_mask(self):
+        urllib.request.urlopen("https://example.com/tokenizer.json", timeout=5)
+"""
+
+
+@pytest.mark.slow
+def test_a_test_that_needs_the_network_is_reported_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = git.Repo.init(tmp_path / "Megatron-LM")
+    files = {
+        "tests/__init__.py": "",
+        "tests/unit_tests/__init__.py": "",
+        "tests/unit_tests/conftest.py": DOWNLOADS,
+        TEST_FILE: NEEDS_THE_NETWORK,
+    }
+    sha = commit_files(repo, files, "tests", None)
+    code, doc = _json_run(capsys, "--repo", str(tmp_path / "Megatron-LM"), "--sha", sha)
+    assert code == 1
+    [row] = doc["tests"]
+    assert (row["stock"], row["backport"], row["judgement"]) == ("failed", "failed", NOTHING)
+    assert row["stock_error"].startswith(
+        "needs the network (a connection to example.com:443; upstream-tests runs offline)"
+    ), row
+    assert "stock: 2 test(s) or the collection need the network (refused: example.com:443)" in (
+        " ".join(doc["notes"])
+    )

@@ -10,7 +10,9 @@ other backports skipped). One row per test, with each run's first error line
 (judgement.py says when a test counts). Each run has a time limit (its unfinished
 tests are ``timed out``); ``--launcher torchrun`` runs it under ``torchrun
 --nproc_per_node 1`` for upstream's harness, which needs a process group. A SIGTERM stops
-the child and removes the temporary folder before this process ends.
+the child and removes the temporary folder before this process ends. The runs are
+offline: a connection to anything but loopback fails, and a test that tried says it
+needs the network.
 
 This module is the one place that reads the catalog and the vendored manifests.
 """
@@ -110,6 +112,12 @@ def _rows(tests: list[str], stock: RunResult, backported: RunResult) -> list[Row
 
 def _notes(run: RunResult, label: str, timeout_s: float | None) -> list[str]:
     notes = [f"{label}: skipped: {reason}" for reason in dict.fromkeys(run.skips.values())]
+    if run.network:
+        tried = ", ".join(sorted(set(run.network.values()))[:3])
+        notes.append(
+            f"{label}: {len(run.network)} test(s) or the collection need the network "
+            f"(refused: {tried}): upstream-tests runs offline"
+        )
     if run.timed_out:
         notes.append(f"{label}: stopped at its time limit ({timeout_s:g} s)")
     elif not run.outcomes:  # pytest stopped before any test: say why, in its own last line

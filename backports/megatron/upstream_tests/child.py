@@ -4,7 +4,8 @@ The child runs in its own process session, so a time limit or a stop of ours end
 process under it (torchrun's worker included), not only the first. It takes code from the
 checked-out folder (on ``PYTHONPATH``) and the environment, never from the caller's working
 directory: its working directory is the private folder and ``PYTHONSAFEPATH`` is set, which
-every interpreter under it (torchrun's worker too) inherits.
+every interpreter under it (torchrun's worker too) inherits. It runs offline: the pytest
+plugin refuses every connection but loopback's (``BACKPORTS_UPSTREAM_TESTS_OFFLINE``).
 """
 
 import contextlib
@@ -32,6 +33,7 @@ class RunResult:
     errors: dict[str, dict[str, str]] = field(default_factory=dict)
     skips: dict[str, str] = field(default_factory=dict)
     environment: dict[str, Any] = field(default_factory=dict)
+    network: dict[str, str] = field(default_factory=dict)  # who tried to connect, to where
     timed_out: bool = False
     returncode: int | None = None
     last_line: str = ""  # the output's last line: why pytest ran no test, if it ran none
@@ -54,6 +56,7 @@ def _child_env(env: dict[str, str], folder: Path, report: Path) -> dict[str, str
         "PYTHONPATH": os.pathsep.join([str(folder), *inherited]),
         "PYTHONSAFEPATH": "1",
         "BACKPORTS_UPSTREAM_TESTS_REPORT": str(report),
+        "BACKPORTS_UPSTREAM_TESTS_OFFLINE": "1",  # the plugin refuses all but loopback
     }
 
 
@@ -78,6 +81,7 @@ def _read(report: Path, result: RunResult) -> None:
     result.errors = {str(k): dict(v) for k, v in data.get("errors", {}).items()}
     result.skips = {str(k): str(v) for k, v in data.get("skips", {}).items()}
     result.environment = dict(data.get("environment", {}))
+    result.network = {str(k): str(v) for k, v in data.get("network", {}).items()}
 
 
 def _last_line(log: Path) -> str:

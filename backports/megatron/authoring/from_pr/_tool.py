@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from ...errors import BackportError
+from ...evidence.fix_text import symbol_digests
 from ...private_globals import with_globals
 from ...sync.errors import SyncError
 from ...sync.render import LIVE_MODULE, LIVE_TARGET, Piece, Provenance, Vendored, render
@@ -35,6 +36,7 @@ __all__ = [
     "render_upstream",
     "scaffold_texts",
     "spec_by_id",
+    "symbol_digests",
     "unsafe_text",
     "with_globals",
 ]

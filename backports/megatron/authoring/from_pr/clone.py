@@ -170,8 +170,10 @@ class Clone:
         return hunks
 
     def origin_url(self) -> str:
-        """Where the clone came from, as UPSTREAM.toml records it: the first URL along the
-        chain of ``origin`` remotes (a mirror's clone names the mirror), else the clone."""
+        """Where the clone came from, as UPSTREAM.toml records it: the first network URL
+        along the chain of ``origin`` remotes (a mirror's clone names the mirror), without
+        credentials, else ``NVIDIA/Megatron-LM``: never a path of this machine (a plugin
+        is shared; the author's folders are no one else's business)."""
         here: Path | None = self.path
         for _ in range(3):
             if here is None:
@@ -179,11 +181,21 @@ class Clone:
             url = _config(here, "remote.origin.url")
             if url is None:
                 break
-            if "://" in url or re.match(r"[\w.-]+@[\w.-]+:", url):
-                return url
+            if url.startswith("file://"):
+                url = url.removeprefix("file://")
+            elif "://" in url or re.match(r"[\w.-]+@[\w.-]+:", url):
+                return _without_credentials(url)
             candidate = Path(url)
             here = candidate if candidate.is_absolute() and candidate.exists() else None
-        return str(self.path)
+        return UPSTREAM
+
+
+UPSTREAM = "NVIDIA/Megatron-LM"  # what a clone with no network origin is taken to be
+
+
+def _without_credentials(url: str) -> str:
+    """``https://user:token@host/x`` as ``https://host/x`` (an scp-like URL's user stays)."""
+    return re.sub(r"^([a-z][\w+.-]*://)[^/@]*@", r"\1", url)
 
 
 def _config(path: Path, key: str) -> str | None:

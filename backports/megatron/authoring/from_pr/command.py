@@ -23,11 +23,12 @@ from typing import Any, TypeVar
 from ...termination import sigterm_unwinds
 from . import _tool, child
 from .budget import check_budget
-from .clone import open_clone
+from .clone import Clone, open_clone
 from .derivation import Derivation, Names
 from .errors import AlreadyPresent, BadInput, FromPrError, NotProven, TooBig
 from .locate import installed_distribution, locate, refuse_uncarried_files
 from .merge import Conflict
+from .model import Located, PullRequest
 from .plugin import write_plugin
 from .present import already_present
 from .prove import prove, upstream_tests
@@ -35,7 +36,7 @@ from .report import report_lines
 from .resolve import resolve_pull_request
 from .sniff import focus_names, route_a_tests, synthesise
 from .symbols import changed_symbols
-from .vendor import vendor
+from .vendor import VendoredCode, vendor
 
 _ID = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 T = TypeVar("T")
@@ -111,6 +112,26 @@ def _sniffs(d: Derivation) -> list[dict[str, Any]]:
     return entries
 
 
+def _fix_texts(
+    clone: Clone, pr: PullRequest, vendored: VendoredCode, located: list[Located]
+) -> dict[str, str]:
+    """The merge's text of every carried symbol (targets by their installed name, the
+    helpers carried along), as normalised AST digests, as ``fixed_symbols_sha256`` records
+    them; {} where one cannot be recorded (an open pull request, a target renamed since):
+    then no text votes for ``upstream``."""
+    if pr.merge is None or any(t.attribute != t.upstream for t in vendored.targets):
+        return {}
+    merge = pr.merge.sha
+    paths = {t.attribute: t.located.symbol.path for t in vendored.targets}
+    paths |= {
+        loc.symbol.qualname: loc.symbol.path
+        for loc in located
+        if loc.symbol.qualname in vendored.carried
+    }
+    found = _tool.symbol_digests(lambda name: clone.text(merge, paths[name]), list(paths))
+    return found if len(found) == len(paths) else {}
+
+
 def _derive(d: Derivation, number: int, scratch: Path, staging: Path, keep: bool) -> None:
     step = _Steps(d)
     clone = open_clone(str(d.clone))
@@ -139,6 +160,7 @@ def _derive(d: Derivation, number: int, scratch: Path, staging: Path, keep: bool
         )
         return
     vendored = d.vendored
+    d.fixed_symbols = _fix_texts(clone, pr, vendored, d.located)
     write_plugin(d, staging)
     d.focus = focus_names(clone, pr, changes.symbols, changes.tests)
     tests = route_a_tests(clone, pr, changes.tests)
@@ -167,7 +189,12 @@ def _derive(d: Derivation, number: int, scratch: Path, staging: Path, keep: bool
     shutil.rmtree(staging)
     write_plugin(d, staging)
     proof, paths = step("prove", lambda: prove(d.names.id, staging, scratch / "prove"))
-    d.proof = list(proof)
+    passed, discarded = sniffed.soundness()
+    d.proof = [
+        f"sniff soundness: {passed} semantics-preserving rewrite(s) of the installed and the "
+        f"fixed code read as their versions; {discarded} candidate sniff(s) discarded by them",
+        *proof,
+    ]
     d.upstream_tests = step(
         "upstream-tests", lambda: upstream_tests(d.names.id, d.clone, paths, scratch / "prove")
     )

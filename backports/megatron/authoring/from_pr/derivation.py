@@ -39,7 +39,10 @@ class Names:
 
 
 def repo_name(url: str) -> str:
-    """``NVIDIA/Megatron-LM`` for a GitHub URL, else the clone folder's name."""
+    """``NVIDIA/Megatron-LM`` for a GitHub URL (or that name itself), else the last part
+    of the URL."""
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", url):
+        return url
     match = _GITHUB.search(url)
     if match:
         return match.group(1)
@@ -62,6 +65,9 @@ class Derivation:
     focus: tuple[str, ...] = ()
     sniffed: Sniffed | None = None
     sniffs: list[dict[str, Any]] = field(default_factory=list)
+    # The fix's text of every carried symbol at the merge (normalised AST digests): what
+    # lets ``status`` call the plugin ``upstream`` once a release's text is the fix's.
+    fixed_symbols: dict[str, str] = field(default_factory=dict)
     proof: list[str] = field(default_factory=list)  # one line per check, as run
     upstream_tests: list[str] = field(default_factory=list)  # what `upstream-tests` said
     seconds: dict[str, float] = field(default_factory=dict)  # per step

@@ -2,7 +2,8 @@
 
 Both functions are called on the same stand-ins (``standin``), starting from the plainest
 input (every ``bool()`` False, every argument a stand-in or its default); each input's
-neighbours flip one answer a stand-in gave (a ``bool()``, an empty iteration), or one
+neighbours flip one answer a stand-in gave (a ``bool()``, an empty iteration, an attribute
+a read with a default found absent: ``getattr(cfg, "x", False)``, ``hasattr``), or one
 argument (None, its default), breadth first, within a budget of runs and seconds. The
 first input where the facts differ is kept (one where both versions return is preferred),
 with a control input on which both versions agree, as close to it as found.
@@ -10,6 +11,9 @@ with a control input on which both versions agree, as close to it as found.
 With ``focus`` (route b: names the pull request's own test observes), only facts that
 mention one of those names count as a difference: the test's observation, lifted onto the
 stand-ins. Without it (route c), any difference counts.
+
+With ``validate`` (``sniff_child``: the rewrites of both versions), a candidate is frozen
+and kept only if the check holds; else the search goes on to the next one.
 
 Runs in a child interpreter: the fixed function is the pull request's code.
 """
@@ -19,10 +23,10 @@ import re
 import time
 import types
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from .standin import Function, Observation, Run, Setting, WithGlobals, observe
+from .standin import Function, Observation, Run, Setting, WithGlobals, observe, present
 
 # What a callee's source says when it allocates on a GPU or talks to a process group.
 _DEVICE_OR_GROUP = re.compile(
@@ -157,6 +161,11 @@ def _neighbours(
             longer = setting.copy()
             longer.lengths[path] = 1
             out.append(longer)
+    for path in dict.fromkeys(runs[0].missed + runs[1].missed):
+        if present(path) not in setting.truths:  # read with a default: try it there too
+            there = setting.copy()
+            there.truths[present(path)] = True
+            out.append(there)
     for index, (name, has_default) in enumerate(parameters):
         current = setting.arguments.get(name, "default" if has_default else "stand-in")
         choices = ["stand-in", "none"] + (["default"] if has_default else [])
@@ -189,6 +198,12 @@ def _parameters(function: Function) -> list[tuple[str, bool]]:
     ]
 
 
+# A check a candidate sniff must pass to be kept: None where it holds, else why not.
+Validate = Callable[[Observation], str | None]
+_FALLBACKS = 64  # candidates where the installed code raises, checked at the end
+_CONTROLS = 8  # agreeing inputs tried as a candidate's control, nearest first
+
+
 def search(
     installed: Function,
     fixed: Function,
@@ -200,16 +215,19 @@ def search(
     focus: frozenset[str] = frozenset(),
     max_runs: int = 4000,
     seconds: float = 60.0,
+    validate: Validate | None = None,
+    on_discard: Callable[[str], None] | None = None,
 ) -> Found | None:
-    """The first input (breadth first) on which ``installed`` and ``fixed`` differ."""
+    """The first input (breadth first) on which ``installed`` and ``fixed`` differ whose
+    frozen sniff ``validate`` keeps; past a discarded candidate the search goes on (its
+    neighbours too)."""
     start = time.monotonic()
     ex = _Explorer(installed, fixed, recorders, module, with_globals, focus, set(), {})
     parameters = _parameters(installed)
     queue: deque[Setting] = deque([Setting()])
     visited = {Setting().key()}
     agreeing: list[Setting] = []
-    found: Setting | None = None
-    fallback: Setting | None = None
+    fallbacks: list[Setting] = []
     while queue and ex.runs < max_runs and time.monotonic() - start < seconds:
         setting = queue.popleft()
         a, b = ex.pair(setting)
@@ -217,26 +235,67 @@ def search(
         returned = [run.outcome.startswith("return") for run in (a, b)]
         if (only_fixed or only_installed) and returned[1]:  # the fixed code must return
             if returned[0]:
-                found = setting
-                break
-            fallback = fallback or setting  # the installed code raises: the bug may be that
+                kept = _candidate(ex, setting, agreeing, target, start, True, validate, on_discard)
+                if kept is not None:
+                    return kept
+            else:  # the installed code raises: the bug may be that (checked at the end)
+                fallbacks.append(setting)
         elif _facts(a) == _facts(b) and any(f.startswith(("call ", "set")) for f in a.facts):
             agreeing.append(setting)
         for other in _neighbours(setting, (a, b), parameters):
             if other.key() not in visited:
                 visited.add(other.key())
                 queue.append(other)
-    main = found or fallback
-    if main is None:
-        return None
-    return _freeze(ex, main, agreeing, target, start, clean=found is not None)
+    for setting in fallbacks[:_FALLBACKS]:
+        if time.monotonic() - start > 2 * seconds:
+            break
+        kept = _candidate(ex, setting, agreeing, target, start, False, validate, on_discard)
+        if kept is not None:
+            return kept
+    return None
 
 
-def _freeze(
-    ex: _Explorer, main: Setting, agreeing: list[Setting], target: str, start: float, clean: bool
+def _candidate(
+    ex: _Explorer,
+    main: Setting,
+    agreeing: list[Setting],
+    target: str,
+    start: float,
+    clean: bool,
+    validate: Validate | None,
+    on_discard: Callable[[str], None] | None,
 ) -> Found | None:
-    """Observe the main input and the nearest agreeing control again with everything the
-    search learned, twice each (the facts must be the same both times), and freeze them."""
+    """The frozen sniff of ``main``, with the nearest control ``validate`` keeps it with
+    (a control is an input too: one that only one spelling agrees on is no control); a
+    candidate no control saves is discarded (``on_discard`` hears why)."""
+    frozen = _freeze(ex, main, agreeing)
+    if frozen is None:
+        return None
+    why = ""
+    for observation in _observations(ex, main, frozen, target):
+        why = "" if validate is None else (validate(observation) or "")
+        if not why:
+            return Found(observation, ex.runs, time.monotonic() - start, len(ex.attributes), clean)
+        if "the control call" not in why:
+            break  # the main input itself reads wrong: another control will not save it
+    if on_discard is not None:
+        on_discard(why)
+    return None
+
+
+@dataclass(frozen=True)
+class _Frozen:
+    """The main input observed again with everything learned: what each version did, and
+    the agreeing inputs nearest to it (each with the facts both versions did there)."""
+
+    installed: Run
+    fixed: Run
+    controls: list[tuple[Setting, set[str]]]
+
+
+def _freeze(ex: _Explorer, main: Setting, agreeing: list[Setting]) -> _Frozen | None:
+    """Observe the main input and the nearest agreeing controls again with everything the
+    search learned, twice each (the facts must be the same both times)."""
     a, b = ex.pair(main)
     a2, b2 = ex.pair(main)
     if _facts(a) != _facts(a2) or _facts(b) != _facts(b2):
@@ -244,39 +303,44 @@ def _freeze(
     only_fixed, only_installed = ex.difference(a, b)
     if not (only_fixed or only_installed):
         return None
-    control = None
+    controls = []
     for candidate in sorted(agreeing, key=lambda s: _distance(s, main)):
         c1, c2 = ex.pair(candidate)
         if _facts(c1) == _facts(c2):
-            control = (candidate, _facts(c1))
-            break
-    if control is None:
-        # Every input the search saw tells the versions apart (the fix is on every path):
-        # the control is then what both versions did on the main input.
-        control = (main, _facts(a) & _facts(b))
+            controls.append((candidate, _facts(c1)))
+            if len(controls) >= _CONTROLS:
+                break
+    # Last (or only, where every input the search saw tells the versions apart: the fix is
+    # on every path): what both versions did on the main input.
+    controls.append((main, _facts(a) & _facts(b)))
+    return _Frozen(a, b, controls)
+
+
+def _observations(
+    ex: _Explorer, main: Setting, frozen: _Frozen, target: str
+) -> Iterator[Observation]:
+    """The frozen sniff of ``main`` with each control in turn, nearest first."""
+    a, b = frozen.installed, frozen.fixed
+    only_fixed, only_installed = ex.difference(a, b)
     anchors = _anchors(only_fixed | only_installed, _facts(a) & _facts(b))
     at_anchors = [
         tuple(sorted(f for f in _facts(run) if f.startswith(anchors) and anchors)) for run in (b, a)
     ]
     knowledge = Setting(main.arguments, main.truths, {**ex.learned, **main.lengths}, ex.attributes)
-    control_knowledge = Setting(
-        control[0].arguments,
-        control[0].truths,
-        {**ex.learned, **control[0].lengths},
-        ex.attributes,
-    )
-    observation = Observation(
-        target,
-        ex.recorders,
-        ex.module,
-        knowledge.to_json(),
-        tuple(sorted(only_fixed)),
-        tuple(sorted(only_installed)),
-        anchors,
-        control_knowledge.to_json(),
-        tuple(sorted(control[1])),
-        at_anchors[0],
-        at_anchors[1],
-    )
-    seconds = time.monotonic() - start
-    return Found(observation, ex.runs, seconds, len(ex.attributes), clean)
+    for control, facts in frozen.controls:
+        control_knowledge = Setting(
+            control.arguments, control.truths, {**ex.learned, **control.lengths}, ex.attributes
+        )
+        yield Observation(
+            target,
+            ex.recorders,
+            ex.module,
+            knowledge.to_json(),
+            tuple(sorted(only_fixed)),
+            tuple(sorted(only_installed)),
+            anchors,
+            control_knowledge.to_json(),
+            tuple(sorted(facts)),
+            at_anchors[0],
+            at_anchors[1],
+        )

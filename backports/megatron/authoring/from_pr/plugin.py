@@ -106,6 +106,8 @@ def manifest(d: Derivation, text: str, folder_digest: str) -> dict[str, Any]:
             upstream_sha256=hashlib.sha256(v.segment.encode("utf-8")).hexdigest(),
             reads=list(v.reads),
         )
+    if d.fixed_symbols:
+        data["fixed_symbols_sha256"] = dict(d.fixed_symbols)
     if d.changes.tests:
         data["upstream_tests"] = list(d.changes.tests)
     data["files_sha256"] = folder_digest

@@ -1,6 +1,8 @@
 """Step seven: what was derived, and what a person must still write, as lines of text (the
 command prints them; the plugin's README keeps them)."""
 
+from typing import Any
+
 from .budget import BUDGET
 from .derivation import Derivation
 from .model import Commit
@@ -62,7 +64,24 @@ def _sniff(d: Derivation) -> list[str]:
                 lines.append(f"      {'fixed' if fact in o['fixed'] else 'installed'}: {fact}")
         else:
             lines.append(f"  {target}: no route tells the versions apart on CPU")
+        lines += _soundness(result)
         lines += [f"      tried {why}" for why in result.get("tried", []) if not route]
+    return lines
+
+
+def _soundness(result: dict[str, Any]) -> list[str]:
+    """How the target's rewrites judged its sniff (and the candidates before it)."""
+    r = result.get("rewrites")
+    if not r:
+        return []
+    shown = [f"installed: {', '.join(r['installed']) or 'none'}"]
+    shown.append(f"fixed: {', '.join(r['fixed']) or 'none'}")
+    passed = f"{r['passed']} passed" if result.get("route") else "none kept"
+    lines = [
+        f"      rewrites ({'; '.join(shown)}): {passed}, "
+        f"{r['discarded']} candidate sniff(s) discarded"
+    ]
+    lines += [f"        discarded: {why}" for why in r.get("why", [])]
     return lines
 
 

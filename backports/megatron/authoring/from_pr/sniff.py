@@ -78,6 +78,16 @@ class Sniffed:
     def discriminating(self) -> list[str]:
         return [name for name, r in self.results.items() if r.get("route")]
 
+    def soundness(self) -> tuple[int, int]:
+        """(rewrites the kept sniffs judged as their versions, candidate sniffs the
+        rewrites discarded), over every target."""
+        passed = discarded = 0
+        for result in self.results.values():
+            rewrites = result.get("rewrites") or {}
+            passed += int(rewrites.get("passed", 0)) if result.get("route") else 0
+            discarded += int(rewrites.get("discarded", 0))
+        return passed, discarded
+
     def route(self) -> str:
         routes = sorted({str(r["route"]) for r in self.results.values() if r.get("route")})
         return "+".join(routes)

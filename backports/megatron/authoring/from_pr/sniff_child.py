@@ -12,6 +12,12 @@ from the fixed one:
     test observes as its focus);
 (c) a differential search over inputs (``explore.search``, any difference).
 
+Soundness before speed: a candidate sniff of any route is kept only if it calls every
+semantics-preserving rewrite of the installed code (``rewrites``) *needed* and every
+rewrite of the fixed code *fixed*; one that does not judges how the code is written, not
+what it does, and is discarded (the search goes on). The answer says how many rewrites the
+kept sniff passed and how many candidates they discarded.
+
 Reads a JSON request file, writes a JSON answer file.
 """
 
@@ -23,9 +29,13 @@ import time
 import traceback
 import types
 from collections.abc import Callable
-from typing import Any, NotRequired, TypedDict, cast
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
 
 from .standin import Function
+
+if TYPE_CHECKING:
+    from .standin import Observation
 
 # The request and answer files are JSON written by ``child.run_child`` and read back there.
 Json = dict[str, Any]
@@ -61,12 +71,45 @@ def _unwrapped(obj: Callable[..., object]) -> Function:
     return cast(Function, inspect.unwrap(obj.__func__ if isinstance(obj, staticmethod) else obj))
 
 
+class Unavailable(RuntimeError):
+    """The installed target cannot be reached here (its one-line reason is the message)."""
+
+
+def _has_transformer_engine() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("transformer_engine") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _why_missing(module: types.ModuleType, owner_name: str, attribute: str) -> str:
+    """One line: why ``attribute`` is not there to run (a class that exists only with
+    Transformer Engine, where it is not installed, says so)."""
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        source = ""
+    if "transformer_engine" in source and not _has_transformer_engine():
+        return (
+            f"{attribute}: {owner_name} exists only with Transformer Engine, which is not "
+            "installed here: no route can run it (derive where Transformer Engine is "
+            "installed, or write the sniff by hand)"
+        )
+    return f"{attribute}: {module.__name__} defines no such function here"
+
+
 def _installed(module_name: str, attribute: str) -> tuple[Function, types.ModuleType]:
-    """(the installed undecorated function, its module)."""
+    """(the installed undecorated function, its module); ``Unavailable`` where the module
+    does not define it (a class that exists only with Transformer Engine, say)."""
     module = importlib.import_module(module_name)
     owner_name, _, name = attribute.rpartition(".")
-    owner = getattr(module, owner_name) if owner_name else module
-    return _unwrapped(vars(owner)[name]), module
+    owner = getattr(module, owner_name, None) if owner_name else module
+    found = vars(owner).get(name) if isinstance(owner, type | types.ModuleType) else None
+    if not callable(found) and not isinstance(found, staticmethod | classmethod):
+        raise Unavailable(_why_missing(module, owner_name or module_name, attribute))
+    return _unwrapped(found), module
 
 
 def _test(test: _Test) -> Function:
@@ -75,11 +118,86 @@ def _test(test: _Test) -> Function:
     return cast(Function, namespace[test["function"]])
 
 
+@dataclass
+class _Soundness:
+    """The rewrites of both versions a candidate sniff must judge as their originals."""
+
+    installed: list[tuple[str, Function]]
+    fixed: list[tuple[str, Function]]
+    discarded: int = 0
+    why: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, installed: Function, fixed: Function) -> "_Soundness":
+        from .rewrites import rewrites
+
+        return cls(rewrites(installed), rewrites(fixed))
+
+    def _cases(self) -> list[tuple[str, Function, bool]]:
+        return [(f"the installed code ({name})", f, False) for name, f in self.installed] + [
+            (f"the fixed code ({name})", f, True) for name, f in self.fixed
+        ]
+
+    def refute(self, says: Callable[[Function], bool | str]) -> str | None:
+        """Why a candidate cannot be kept (``says`` a rewrite's verdict: fixed, or a text
+        saying it could not tell), or None where every rewrite reads as its version."""
+        for shown, function, fixed in self._cases():
+            verdict = says(function)
+            if verdict is not fixed:
+                said = verdict if isinstance(verdict, str) else ("fixed" if verdict else "needed")
+                return f"{shown} rewritten reads {said}"
+        return None
+
+    def discard(self, why: str) -> None:
+        """Count a discarded candidate sniff (the first few reasons are kept)."""
+        self.discarded += 1
+        if len(self.why) < 3:
+            self.why.append(why)
+
+    def observation(self, observation: "Observation") -> str | None:
+        from ._tool import with_globals
+        from .standin import Mismatch, judge, seen
+
+        def says(function: Function) -> bool | str:
+            try:
+                return judge(seen(function, observation, with_globals), observation)
+            except Mismatch as exc:
+                return f"neither ({exc})"
+
+        return self.refute(says)
+
+    def answer(self) -> Json:
+        return {
+            "passed": len(self.installed) + len(self.fixed),
+            "installed": [name for name, _ in self.installed],
+            "fixed": [name for name, _ in self.fixed],
+            "discarded": self.discarded,
+            "why": self.why,
+        }
+
+
+def _test_says(test: Function, module: str, attribute: str) -> Callable[[Function], bool | str]:
+    """A version's verdict by the test: fixed (passed), needed (failed), else its error."""
+    from ._tool import with_globals
+    from .standin import is_failure, run_test, test_binding
+
+    def says(version: Function) -> bool | str:
+        bound = test_binding(module, attribute, version)
+        outcome = run_test(test, *bound, with_globals, inside=_unwrapped(version).__code__)
+        return outcome == "passed" if outcome == "passed" or is_failure(outcome) else outcome
+
+    return says
+
+
 def _route_a(
-    request: _Request, target: _Target, installed: Function, fixed: Function
+    request: _Request,
+    target: _Target,
+    installed: Function,
+    fixed: Function,
+    soundness: _Soundness,
 ) -> Json | None:
     from ._tool import with_globals
-    from .standin import run_test, test_binding
+    from .standin import is_failure, run_test, test_binding
 
     tried = []
     for test in request.get("tests", []):
@@ -95,14 +213,24 @@ def _route_a(
             tried.append(f"a: {test['id']} does not load here: {type(exc).__name__}: {exc}")
             continue
         module, attribute = target["module"], target["attribute"]
-        stock = run_test(function, *test_binding(module, attribute, installed), with_globals)
+        stock = run_test(
+            function,
+            *test_binding(module, attribute, installed),
+            with_globals,
+            inside=installed.__code__,
+        )
         ours = run_test(function, *test_binding(module, attribute, fixed), with_globals)
         seconds = round(time.monotonic() - start, 2)
         tried.append(
             f"a: {test['id']}: {stock} on the installed code, {ours} on the fixed ({seconds} s)"
         )
-        if stock == "failed" and ours == "passed" and seconds < request["test_seconds"]:
+        if not is_failure(stock) or ours != "passed" or seconds >= request["test_seconds"]:
+            continue
+        why = soundness.refute(_test_says(function, module, attribute))
+        if why is None:
             return {"route": "a", "test": test, "seconds": seconds, "tried": tried}
+        soundness.discard(why)
+        tried.append(f"a: {test['id']} discarded: {why}")
     return {"route": None, "tried": tried} if tried else None
 
 
@@ -112,6 +240,7 @@ def _route_bc(
     installed: Function,
     fixed: Function,
     module: types.ModuleType,
+    soundness: _Soundness,
 ) -> Json:
     from ._tool import with_globals
     from .explore import recorders_for, search
@@ -132,6 +261,8 @@ def _route_bc(
             focus=focus,
             max_runs=request["max_runs"],
             seconds=request["search_seconds"],
+            validate=soundness.observation,
+            on_discard=soundness.discard,
         )
         if found is not None:
             from dataclasses import asdict
@@ -152,13 +283,33 @@ def _route_bc(
 def _one(request: _Request, target: _Target, vendored: types.ModuleType) -> Json:
     installed, module = _installed(target["module"], target["attribute"])
     fixed = getattr(vendored, target["replacement"])
-    answer = _route_a(request, target, installed, fixed) if request.get("tests") else None
+    soundness = _Soundness.of(installed, _unwrapped(fixed))
+    answer = None
+    if request.get("tests"):
+        answer = _route_a(request, target, installed, fixed, soundness)
     if answer is not None and answer["route"] == "a":
-        return answer
+        return {**answer, "rewrites": soundness.answer()}
     tried = answer["tried"] if answer else ["a: no test of the pull request names the target"]
-    result = _route_bc(request, target, installed, fixed, module)
+    result = _route_bc(request, target, installed, fixed, module, soundness)
     result["tried"] = tried + result["tried"]
+    result["rewrites"] = soundness.answer()
     return result
+
+
+def target_answer(request: _Request, target: _Target, vendored: types.ModuleType) -> Json:
+    """One target's answer; what stopped its routes is its one line."""
+    try:
+        return _one(request, target, vendored)
+    except KeyboardInterrupt:
+        raise
+    except Unavailable as exc:
+        return {"route": None, "tried": [str(exc)]}
+    except BaseException as exc:  # the pull request's code ends no answer
+        return {
+            "route": None,
+            "tried": [f"the search failed: {type(exc).__name__}: {exc}"],
+            "traceback": traceback.format_exc(limit=-4),
+        }
 
 
 def main(argv: list[str]) -> int:
@@ -169,16 +320,7 @@ def main(argv: list[str]) -> int:
         vendored = importlib.import_module(request["vendored"])
         vendored.__target_module__ = request["main_module"]  # type: ignore[attr-defined]
         for target in request["targets"]:
-            try:
-                answer["targets"][target["attribute"]] = _one(request, target, vendored)
-            except KeyboardInterrupt:
-                raise
-            except BaseException as exc:  # the pull request's code ends no answer
-                answer["targets"][target["attribute"]] = {
-                    "route": None,
-                    "tried": [f"the search failed: {type(exc).__name__}: {exc}"],
-                    "traceback": traceback.format_exc(limit=-4),
-                }
+            answer["targets"][target["attribute"]] = target_answer(request, target, vendored)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # SystemExit or pytest's outcomes from an import too

@@ -7,8 +7,9 @@ A function is called with a ``StandIn`` for every argument (``self`` and ``ctx``
 the callees that would touch a GPU or a process group are ``StandIn`` recorders in the
 function's private globals (``with_globals``). A stand-in has the attributes a
 ``Setting`` lists and no others: reading another raises ``AttributeError``, so
-``hasattr`` and ``getattr(x, name, default)`` see it absent, and ``learn`` adds the
-attribute a call could not do without, then calls again (the attribute-discovery loop).
+``hasattr`` and ``getattr(x, name, default)`` see it absent (the search then tries it
+present too: ``present``), and ``learn`` adds the attribute a call could not do without,
+then calls again (the attribute-discovery loop).
 What it does: calling a stand-in records a fact and returns a new stand-in; ``bool()``,
 ``len()`` and iteration answer what the ``Setting`` says (False, 0 and nothing by
 default); comparisons and arithmetic give stand-ins. What the function did is its facts:
@@ -132,6 +133,7 @@ class Run:
     facts: list[str] = field(default_factory=list)
     asked: list[str] = field(default_factory=list)  # bool() of these stand-ins
     iterated: list[str] = field(default_factory=list)  # len() / iteration of these
+    missed: list[str] = field(default_factory=list)  # attributes read and found absent
     calls: dict[str, int] = field(default_factory=dict)
     outcome: str = ""
     error: BaseException | None = None
@@ -140,6 +142,12 @@ class Run:
         n = self.calls.get(path, 0)
         self.calls[path] = n + 1
         return n
+
+
+def present(attribute: str) -> str:
+    """The truth that says a stand-in has an attribute that a read with a default
+    (``getattr(cfg, "x", False)``, ``hasattr``) found absent: the search tries both."""
+    return f"has {attribute}"
 
 
 def describe(value: object) -> str:
@@ -203,8 +211,10 @@ class StandIn:
         path = object.__getattribute__(self, "_si_path")
         run: Run = object.__getattribute__(self, "_si_run")
         key = f"{path}.{name}"
-        if not (name.startswith("__") and name.endswith("__")) and key in run.setting.attributes:
-            return self._si_child(key)
+        if not (name.startswith("__") and name.endswith("__")):
+            if key in run.setting.attributes or run.setting.truths.get(present(key)):
+                return self._si_child(key)
+            run.missed.append(key)  # getattr(x, name, default), hasattr: the other outcome
         raise AttributeError(f"stand-in {path} has no attribute {name!r}", name=name, obj=self)
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -526,21 +536,84 @@ def _is_pytest_failure(exc: BaseException) -> bool:
     return outcome and any(cls.__name__ == "Failed" for cls in type(exc).__mro__)
 
 
-def run_test(test: Function, name: str, value: object, with_globals: WithGlobals) -> str:
-    """ "passed", "failed" (an assertion, or pytest's ``Failed``) or "error <type>: <line>"
-    for ``test()`` run with ``name`` bound to ``value``. Whatever the test raises is its
-    outcome, ``BaseException`` included (pytest's outcomes, ``SystemExit``): a test never
-    ends the process running it; only a Ctrl-C goes on."""
+# What an error says when it comes from the machine, not from the code under test: no GPU,
+# no Transformer Engine, no process group, no network.
+_ENVIRONMENT = re.compile(
+    r"cuda|nccl|\bgpu\b|nvidia|transformer.?engine|\bapex\b|triton|process group|"
+    r"default process group|not initialized|network|connection|name resolution|timed out",
+    re.IGNORECASE,
+)
+
+
+def _is_pytest_outcome(exc: BaseException) -> bool:
+    """A skip, an xfail, an exit: pytest's ``OutcomeException``s other than ``Failed``."""
+    return any(
+        cls.__module__ == "_pytest.outcomes" and cls.__name__ == "OutcomeException"
+        for cls in type(exc).__mro__
+    ) and not _is_pytest_failure(exc)
+
+
+def environmental(exc: BaseException) -> bool:
+    """The error says the environment lacks something (a module, a GPU, Transformer
+    Engine, the network), or the test skipped itself: the code under test said nothing."""
+    if isinstance(exc, ImportError | ConnectionError | TimeoutError) or _is_pytest_outcome(exc):
+        return True
+    if isinstance(exc, OSError) and type(exc).__name__ in ("gaierror", "herror", "URLError"):
+        return True
+    return bool(_ENVIRONMENT.search(f"{type(exc).__name__}: {exc}"))
+
+
+def _codes(code: types.CodeType) -> set[types.CodeType]:
+    """A function's code and that of the functions, lambdas, comprehensions it defines."""
+    found = {code}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found |= _codes(const)
+    return found
+
+
+def _raised_inside(exc: BaseException, code: types.CodeType) -> bool:
+    codes = _codes(code)
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in codes:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def run_test(
+    test: Function,
+    name: str,
+    value: object,
+    with_globals: WithGlobals,
+    inside: types.CodeType | None = None,
+) -> str:
+    """ "passed", "failed..." or "error <type>: <line>" for ``test()`` run with ``name``
+    bound to ``value``. Failed: an assertion, pytest's ``Failed``, or (with ``inside``, the
+    code of the function under judgement) an exception raised from inside that function's
+    frames, as pytest calls it FAILED too, unless it says the environment lacks something
+    (``environmental``: an import, a skip, CUDA, Transformer Engine, the network). Whatever
+    the test raises is its outcome, ``BaseException`` included (pytest's outcomes,
+    ``SystemExit``): a test never ends the process running it; only a Ctrl-C goes on."""
     try:
         with_globals(test, {name: value})()
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # its outcome, as pytest would report it
-        if isinstance(exc, AssertionError) or _is_pytest_failure(exc):
+        if _is_pytest_failure(exc):
+            return "failed"
+        if isinstance(exc, AssertionError) and not _ENVIRONMENT.search(str(exc)):
             return "failed"
         first = (str(exc).splitlines() or [""])[0][:120]
+        if inside is not None and _raised_inside(exc, inside) and not environmental(exc):
+            return f"failed: raised {type(exc).__name__} inside {inside.co_name}: {first}"
         return f"error {type(exc).__name__}: {first}"
     return "passed"
+
+
+def is_failure(outcome: str) -> bool:
+    return outcome == "failed" or outcome.startswith("failed: ")
 
 
 # ---- one sniffed target, whichever route made it -----------------------------------------
@@ -553,14 +626,14 @@ def look(
     if entry["route"] == "a":
         test = getattr(tests, entry["test"])
         bound = test_binding(entry["module"], entry["target"], function)
-        return {"test": run_test(test, *bound, with_globals)}
+        return {"test": run_test(test, *bound, with_globals, inside=function.__code__)}
     return seen(function, Observation.from_json(entry["observation"]), with_globals)
 
 
 def decide(facts: Facts, entry: SniffEntry) -> bool:
     """Fixed or not from ``look``'s result; ``Mismatch`` when it cannot tell."""
     if entry["route"] == "a":
-        if facts["test"] in ("passed", "failed"):
+        if facts["test"] == "passed" or is_failure(facts["test"]):
             return bool(facts["test"] == "passed")
         raise Mismatch(f"{entry['target']}: the upstream test {entry['test']}: {facts['test']}")
     return judge(facts, Observation.from_json(entry["observation"]))
