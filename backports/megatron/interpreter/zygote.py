@@ -35,12 +35,32 @@ _OFF = "MEGATRON_BACKPORTS"
 
 def _relevant(env: Mapping[str, str]) -> dict[str, str]:
     """The environment as the zygote's imports see it: the switches of this project are
-    read by no module it imports (and are off there), per-request values are the request's."""
+    read by no module it imports (and are off there), per-request values are the request's,
+    and a default torch wrote into this process's environment is no change."""
     return {
         name: value
         for name, value in env.items()
-        if name not in _PER_REQUEST and not name.startswith(_OFF)
+        if name not in _PER_REQUEST
+        and not name.startswith(_OFF)
+        and not _torch_default(name, value)
     }
+
+
+def _torch_default(name: str, value: str) -> bool:
+    """Whether ``name=value`` is what torch sets in ``os.environ`` on first use when it is
+    unset: ``TORCHINDUCTOR_CACHE_DIR`` (its default folder, written by
+    ``cache_dir_utils.cache_dir()``, which a megatron import in the caller reaches). Read
+    from torch as imported here; where it is not imported, torch wrote nothing here."""
+    if name != "TORCHINDUCTOR_CACHE_DIR":
+        return False
+    utils = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    default = getattr(utils, "default_cache_dir", None)
+    if default is None:
+        return False
+    try:
+        return os.path.abspath(str(default())) == value
+    except Exception:  # torch's own lookup failing decides nothing: the value counts
+        return False
 
 
 class Zygote:
