@@ -16,6 +16,7 @@ import threading
 from typing import NoReturn
 
 from .commands.main import main
+from .interpreter import forked_zygote
 
 __all__ = ["console", "main"]
 
@@ -27,6 +28,7 @@ def console() -> NoReturn:
     The ``atexit`` handlers still run (the zygote stopped, temporary folders removed, logs
     flushed) and the standard streams are flushed first; a thread other than this one
     still running gets the ordinary exit, which waits for it."""
+    forked_zygote.allow()  # this process ends with its command: it may fork the zygote
     code = main()
     if any(t is not threading.current_thread() and not t.daemon for t in threading.enumerate()):
         raise SystemExit(code)

@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import forked_zygote
+
 _SERVER = Path(__file__).with_name("_zygote_child.py")
 _PATH_VARIABLE = "MEGATRON_BACKPORTS_CHILD_PATH"
 # What differs between requests and decides nothing of the zygote's own imports.
@@ -66,11 +68,13 @@ def _torch_default(name: str, value: str) -> bool:
 class Zygote:
     """A started zygote: requests go in as JSON lines, answers come back on a reader thread."""
 
-    def __init__(self, env: Mapping[str, str], path: Sequence[str]) -> None:
+    def __init__(self, env: Mapping[str, str], path: Sequence[str], fork: bool = False) -> None:
         self.relevant = _relevant(env)
         self.folder = tempfile.TemporaryDirectory(prefix="megatron-backports-zygote-")
         environ = {**env, _PATH_VARIABLE: json.dumps(list(path)), _OFF: "0"}
-        self.process = subprocess.Popen(
+        # Forked from this process where it may (torch imported once for both), else started.
+        forked = forked_zygote.fork(environ, self.folder.name) if fork else None
+        self.process: subprocess.Popen[str] | forked_zygote.Forked = forked or subprocess.Popen(
             [sys.executable, "-I", str(_SERVER)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -199,7 +203,7 @@ _LOCK = threading.Lock()
 _CURRENT: list[Zygote] = []
 
 
-def _zygote(env: Mapping[str, str], path: Sequence[str]) -> Zygote | None:
+def _zygote(env: Mapping[str, str], path: Sequence[str], fork: bool = False) -> Zygote | None:
     """The running zygote for this environment, started if there is none; None while one
     for another environment is busy."""
     with _LOCK:
@@ -211,7 +215,7 @@ def _zygote(env: Mapping[str, str], path: Sequence[str]) -> Zygote | None:
                 return None
             current.stop()
             _CURRENT.clear()
-        started = Zygote(env, path)
+        started = Zygote(env, path, fork)
         _CURRENT.append(started)
         return started
 
@@ -232,7 +236,7 @@ def start(path: Sequence[str]) -> None:
         return
     environ = dict(os.environ)
     environ[_OFF] = "0"
-    _zygote(environ, path)
+    _zygote(environ, path, fork=True)
 
 
 def run(
