@@ -9,7 +9,9 @@ environment, ``sys.path``, ``argv`` and a private empty folder, and imports mega
 whatever it judges) itself. ``run`` answers as ``subprocess.run`` would, or None where the
 zygote cannot stand for a plain child (another environment, a path that finds another torch,
 a triton that reads ``TRITON_INTERPRET`` only at its import, the zygote gone): the caller
-then starts a plain one. ``start()`` starts it ahead of need, beside other work.
+then starts a plain one. ``start()`` starts it ahead of need, beside other work; in the
+``backports`` command it is forked from the command itself (``forked_zygote``: torch imported
+once for the command and its sniff children), elsewhere started.
 """
 
 import atexit
