@@ -315,7 +315,8 @@ def _status_cold_warm(data: Json) -> list[str]:
     lines = [_machine_line(data), "", f"{_text(_get(data, 'what'))}.", ""]
     off = (
         "proof store off (`MEGATRON_BACKPORTS_CACHE=0`): every sniff runs, as on a fresh CI "
-        "runner; sniff children forked from one zygote"
+        "runner; sniff children forked from one zygote, which the command forks from itself "
+        "(torch imported once for both)"
     )
     fresh = (
         "the same, each sniff child a fresh interpreter (`MEGATRON_BACKPORTS_ZYGOTE=0`: how "
@@ -346,7 +347,7 @@ def _status_cold_warm(data: Json) -> list[str]:
     )
     lines += [
         "",
-        f"Entries judged: {_text(_get(data, 'entries'))}. Command: "
+        f"Entries judged: {_entries(_get(data, 'entries'))}. Command: "
         f"`{_text(_get(data, 'command'))}`. Medians of {_text(runs)} runs per case, "
         "interleaved. CPU seconds count the command and every process it waited for: the "
         "figure that matters here. Wall seconds grow with the machine's load, and this "
@@ -356,6 +357,13 @@ def _status_cold_warm(data: Json) -> list[str]:
         "Goal: " + ", ".join(f"{k}: {v}" for k, v in (_get(data, "goal") or {}).items()) + ".",
     ]
     return lines
+
+
+def _entries(counts: Any) -> str:
+    """How many entries each run judged (one number where every run judged as many)."""
+    if isinstance(counts, list) and counts:
+        return " / ".join(str(count) for count in counts)
+    return _text(counts)
 
 
 def _sniff_costs(data: Json) -> list[str]:
