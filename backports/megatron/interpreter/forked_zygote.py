@@ -68,6 +68,7 @@ def _one_thread() -> bool:
 def _may_fork() -> bool:
     return (
         bool(_START)
+        and sys.platform.startswith("linux")  # where a fork after torch's import is usual
         and hasattr(os, "fork")
         and _one_thread()
         and not {"triton", "megatron"} & set(sys.modules)
