@@ -3,8 +3,8 @@
 A started zygote (``_zygote_child.py`` run ``-I``) imports torch and what megatron pulls in of
 it: seconds of CPU that the command pays a second time when it imports megatron for its own
 sniffs. Where the command allows it (``allow()``, called by ``cli.console``: a process that
-ends with its command) and this process is still one thread with neither triton nor megatron
-imported, the command imports the part of torch that imports no triton (triton decorates its
+ends with its command) and this process still runs one Python thread, with neither triton
+nor megatron imported, the command imports the part of torch that imports no triton (triton decorates its
 helpers in the mode ``TRITON_INTERPRET`` says at its import; the zygote imports the rest with
 it on, as a started one does), then forks. The fork becomes a zygote: the request pipes as
 its standard streams, a private folder, the zygote's environment, nothing of this project
@@ -60,8 +60,8 @@ def allow() -> None:
 
 
 def _one_thread() -> bool:
-    """No other Python thread (torch's import starts an idle thread of its own, which its
-    fork handlers take care of, as for a DataLoader's forked workers)."""
+    """No other Python thread (torch's import starts one native thread of its own: a fork
+    beside it is what torch's DataLoader does for its forked workers)."""
     return threading.active_count() == 1
 
 
