@@ -1,17 +1,17 @@
 """The zygote forked from the ``backports`` command itself, torch imported once for both.
 
-A started zygote (``_zygote_child.py`` run ``-I``) imports torch and what megatron pulls in of
-it: seconds of CPU that the command pays a second time when it imports megatron for its own
-sniffs. Where the command allows it (``allow()``, called by ``cli.console``: a process that
-ends with its command) and this process still runs one Python thread, with neither triton
-nor megatron imported, the command imports the part of torch that imports no triton (triton decorates its
-helpers in the mode ``TRITON_INTERPRET`` says at its import; the zygote imports the rest with
-it on, as a started one does), then forks. The fork becomes a zygote: the request pipes as
-its standard streams, a private folder, the zygote's environment, nothing of this project
-left in ``sys.modules`` or ``sys.meta_path``, and the caller's warning, logging and signal
-settings as they were before the command changed them; then ``_zygote_child.main()``. What a
-grandchild of it runs is judged as in a started zygote's (``Zygote.serves``: the same files
-for every module it holds, on the request's path); anything else, a started zygote.
+A started zygote (``_zygote_child.py`` run ``-I``) imports torch and what megatron pulls in
+of it: seconds of CPU that the command pays a second time when it imports megatron for its
+own sniffs. Where the command allows it (``allow()``, called by ``cli.console``: a process
+that ends with its command), on Linux, while it runs one Python thread and has imported
+neither triton nor megatron, the command imports the part of torch that imports no triton
+(triton decorates its helpers in the mode ``TRITON_INTERPRET`` says at its import; the
+zygote imports the rest with it on, as a started one does), then forks. The fork becomes a
+zygote: the request pipes as its standard streams, a private folder, the zygote's
+environment, nothing of this project left in ``sys.modules`` or ``sys.meta_path``, and the
+warning, logging and signal settings of the command's start; then ``_zygote_child.main()``.
+What a grandchild of it runs is judged as in a started zygote's (``Zygote.serves``: the same
+files for every module it holds, on the request's path); anything else, a started zygote.
 """
 
 import contextlib
