@@ -14,16 +14,19 @@ new empty temporary folder. Four cases:
 - ``11 cold`` / ``7 cold``: ``MEGATRON_BACKPORTS_CACHE_DIR`` a new empty folder;
 - ``11 warm`` / ``7 warm``: a folder the same case filled in a run before the timed ones;
 - ``7``: ``MEGATRON_BACKPORTS_SKIP`` names #6010, #6099, #6624 and #6890;
-- ``11 off``: ``MEGATRON_BACKPORTS_CACHE=0``, the proof store off: what a fresh CI runner
-  pays, every sniff run; ``11 off-fresh``: the same, each sniff child a fresh interpreter
-  (``MEGATRON_BACKPORTS_ZYGOTE=0``: as before issue 43, no zygote importing torch once)
-  (``--cold-and-warm``: these two and ``11 warm``).
+- ``--cold-and-warm``, every builtin entry (however many the catalog holds: the JSON says
+  how many): ``all off``: ``MEGATRON_BACKPORTS_CACHE=0``, the proof store off: what a fresh
+  CI runner pays, every sniff run; ``all off-fresh``: the same, each sniff child a fresh
+  interpreter (``MEGATRON_BACKPORTS_ZYGOTE=0``: as before issue 43, no zygote importing
+  torch once); ``all warm``: the store filled by a run before.
 
 The cases are interleaved, each round in random order, so the load of a shared machine
 falls on every case alike; ``--runs`` rounds, the median taken. Per run: the wall time and
 the user + system CPU of the child and everything it waited for (``RUSAGE_CHILDREN``
 deltas: #6964's and #6890's sniff children on a cold cache), the exit status and the
-verdicts ``status --json`` printed. Writes ``benchmarks/results/status_entries.json``
+verdicts ``status --json`` printed, the load average just before it (the machine may be
+shared: CPU seconds are the figure that load changes least). Writes
+``benchmarks/results/status_entries.json`` (``--cold-and-warm``: ``status_cold_warm.json``)
 with the machine, the load average before and after, the commit and the date.
 """
 
@@ -48,7 +51,8 @@ import _provenance
 ROOT = Path(__file__).resolve().parents[1]
 NEW_IN_ISSUE_35 = ("megatron-lm-6010", "megatron-lm-6099", "megatron-lm-6624", "megatron-lm-6890")
 CASES = ("11 cold", "11 warm", "7 cold", "7 warm")
-COLD_AND_WARM = ("11 off", "11 off-fresh", "11 warm")
+COLD_AND_WARM = ("all off", "all off-fresh", "all warm")
+COMMAND = "python -m backports.megatron status --json"
 GOAL = 1.20  # warm with 11 entries: at most 20% slower than warm with 7
 # Issue 43, on an otherwise idle 2-core machine: the proof store off, at most 12 s of CPU
 # (children included) and 15 s wall; warm, at most 7 s wall.
@@ -68,7 +72,7 @@ def _env(
         env.pop(name, None)
     if fresh:
         env["MEGATRON_BACKPORTS_ZYGOTE"] = "0"
-    if entries == "7":
+    if entries == "7":  # "11" and "all": every builtin entry
         env["MEGATRON_BACKPORTS_SKIP"] = ",".join(NEW_IN_ISSUE_35)
     if store_off:
         env["MEGATRON_BACKPORTS_CACHE"] = "0"
@@ -79,6 +83,7 @@ def _timed(
     entries: str, cache_dir: Path, scratch: Path, store_off: bool = False, fresh: bool = False
 ) -> dict[str, Any]:
     argv = [sys.executable, "-m", "backports.megatron", "status", "--json"]
+    load = _provenance.load_average()
     with tempfile.TemporaryDirectory(dir=scratch) as cwd:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
@@ -105,7 +110,9 @@ def _timed(
         "cpu_s": round(user + system, 3),
         "exit": done.returncode,
         "verdicts": dict(sorted(verdicts.items())),
+        "entries": len(listed),
         "cache_hits": hits,
+        "load_average_before": load,
     }
 
 
@@ -124,7 +131,7 @@ def _goal_35(medians: dict[str, dict[str, float]]) -> dict[str, Any]:
 def _goal_43(medians: dict[str, dict[str, float]]) -> dict[str, Any]:
     """Issue 43's bounds; the wall bounds hold on an otherwise idle machine only (the load
     average says how idle it was)."""
-    off, warm = medians["11 off"], medians["11 warm"]
+    off, warm = medians["all off"], medians["all warm"]
     return {
         "off: CPU s at most": OFF_CPU_S,
         "met (off, CPU)": off["cpu_s"] <= OFF_CPU_S,
@@ -133,7 +140,7 @@ def _goal_43(medians: dict[str, dict[str, float]]) -> dict[str, Any]:
         "warm: wall s at most (idle machine)": WARM_WALL_S,
         "met (warm, wall)": warm["wall_s"] <= WARM_WALL_S,
         "off: CPU, fresh children / zygote": round(
-            medians["11 off-fresh"]["cpu_s"] / off["cpu_s"], 3
+            medians["all off-fresh"]["cpu_s"] / off["cpu_s"], 3
         ),
     }
 
@@ -168,7 +175,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="status-entries-") as tmp:
         scratch = Path(tmp)
         used = {case.split()[0] for case in cases}
-        warm = {entries: scratch / f"warm-{entries}" for entries in ("11", "7") if entries in used}
+        kinds = [entries for entries in ("11", "7", "all") if entries in used]
+        warm = {entries: scratch / f"warm-{entries}" for entries in kinds}
         fill = {entries: _timed(entries, folder, scratch) for entries, folder in warm.items()}
         order = list(cases)
         for round_number in range(args.runs):
@@ -188,7 +196,7 @@ def main() -> None:
     }
     if args.cold_and_warm:
         what = (
-            "python -m backports.megatron status --json with every builtin entry, fresh "
+            f"{COMMAND} with every builtin entry, fresh "
             "interpreter, cwd a new temp folder; off = MEGATRON_BACKPORTS_CACHE=0 (the proof "
             "store off: every sniff runs, child interpreters included, as on a fresh CI "
             "runner), warm = the store filled by a run before; CPU s = user + system of the "
@@ -203,13 +211,16 @@ def main() -> None:
         goal = _goal_35(medians)
     result: dict[str, Any] = {
         "what": what,
+        "command": f"python benchmarks/status_entries.py {' '.join(sys.argv[1:])}".strip(),
+        "entries": sorted({run["entries"] for timed in runs.values() for run in timed}),
         "date": started,
         "machine": {
             **_provenance.machine(),
             "load_average_before": load_before,
             "load_average_after": _provenance.load_average(),
-            "note": "2 cores shared with other engineers' test runs: wall times include "
-            "their load; CPU (user+sys) is less sensitive to it",
+            "note": f"{os.cpu_count()} cores shared with other engineers' test runs: wall times "
+            "include their load (the load average before each run is in its record); CPU "
+            "(user+sys) is less sensitive to it",
         },
         "code": str(code),
         "git": git,
@@ -222,9 +233,9 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"\n{'case':8} {'wall s':>8} {'user s':>8} {'sys s':>8}   (median of {args.runs})")
+    print(f"\n{'case':13} {'wall s':>8} {'CPU s':>8}   (median of {args.runs})")
     for case, median in medians.items():
-        print(f"{case:8} {median['wall_s']:8.2f} {median['user_s']:8.2f} {median['sys_s']:8.2f}")
+        print(f"{case:13} {median['wall_s']:8.2f} {median['cpu_s']:8.2f}")
     load_after = result["machine"]["load_average_after"]
     print(f"goal: {goal}; load average {load_before} -> {load_after}")
 

@@ -313,12 +313,20 @@ def _status_entries(data: Json) -> list[str]:
 def _status_cold_warm(data: Json) -> list[str]:
     """Issue 43's figures: what a user waits for, the proof store off and warm."""
     lines = [_machine_line(data), "", f"{_text(_get(data, 'what'))}.", ""]
+    off = (
+        "proof store off (`MEGATRON_BACKPORTS_CACHE=0`): every sniff runs, as on a fresh CI "
+        "runner; sniff children forked from one zygote, which the command forks from itself "
+        "(torch imported once for both)"
+    )
+    fresh = (
+        "the same, each sniff child a fresh interpreter (`MEGATRON_BACKPORTS_ZYGOTE=0`: how "
+        "every child started before)"
+    )
+    warm = "the proof store filled by an earlier run: no child starts"
     meaning = {
-        "11 off": "proof store off (`MEGATRON_BACKPORTS_CACHE=0`): every sniff runs, as on "
-        "a fresh CI runner; sniff children forked from one zygote",
-        "11 off-fresh": "the same, each sniff child a fresh interpreter "
-        "(`MEGATRON_BACKPORTS_ZYGOTE=0`: how every child started before)",
-        "11 warm": "the proof store filled by an earlier run: no child starts",
+        **{f"{n} off": off for n in ("11", "all")},
+        **{f"{n} off-fresh": fresh for n in ("11", "all")},
+        **{f"{n} warm": warm for n in ("11", "all")},
     }
     rows = [
         [f"`{case}`", meaning.get(case, ""), _num(m.get("wall_s"), 2), _num(m.get("cpu_s"), 2)]
@@ -326,15 +334,36 @@ def _status_cold_warm(data: Json) -> list[str]:
     ]
     runs = _get(data, "runs_per_case")
     lines += _table(["case", "what it is", "wall s", "CPU s (user+sys, children incl.)"], rows)
+    loads = [
+        run["load_average_before"][0]
+        for timed in (_get(data, "runs") or {}).values()
+        for run in timed
+        if isinstance(run.get("load_average_before"), list)
+    ]
+    load = (
+        f"from {min(loads):.2f} to {max(loads):.2f} (1-minute load average before each run)"
+        if loads
+        else NOT_RECORDED
+    )
     lines += [
         "",
-        f"Medians of {_text(runs)} runs per case, interleaved. CPU seconds count the command "
-        "and every process it waited for; wall seconds grow with the machine's load (the "
-        "load average above), CPU seconds much less.",
+        f"Entries judged: {_entries(_get(data, 'entries'))}. Command: "
+        f"`{_text(_get(data, 'command'))}`. Medians of {_text(runs)} runs per case, "
+        "interleaved. CPU seconds count the command and every process it waited for: the "
+        "figure that matters here. Wall seconds grow with the machine's load, and this "
+        f"machine was shared with other work while it was measured: load {load}. The "
+        "wall goals hold on an otherwise idle machine.",
         "",
         "Goal: " + ", ".join(f"{k}: {v}" for k, v in (_get(data, "goal") or {}).items()) + ".",
     ]
     return lines
+
+
+def _entries(counts: Any) -> str:
+    """How many entries each run judged (one number where every run judged as many)."""
+    if isinstance(counts, list) and counts:
+        return " / ".join(str(count) for count in counts)
+    return _text(counts)
 
 
 def _sniff_costs(data: Json) -> list[str]:

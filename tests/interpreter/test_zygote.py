@@ -115,3 +115,24 @@ def test_the_zygote_imports_nothing_of_megatron_or_of_this_project():
     origins = zygote._CURRENT[0].hello["origins"]
     assert "torch" in origins
     assert not {"megatron", "flash_attn", "backports"} & set(origins)
+
+
+def test_the_inductor_cache_folder_torch_sets_keeps_the_zygote(monkeypatch):
+    """torch writes its default ``TORCHINDUCTOR_CACHE_DIR`` into ``os.environ`` on first use
+    (a megatron import in the caller reaches it): the same environment for every import, so
+    the zygote started before stays (a second one cost seconds of CPU); another folder is
+    another environment, and another zygote."""
+    from torch._inductor.runtime import cache_dir_utils
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    _forked("pass")
+    first = zygote._CURRENT[0]
+    cache_dir_utils.cache_dir()  # as torch does: sets os.environ to its default folder
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == os.path.abspath(
+        cache_dir_utils.default_cache_dir()
+    )
+    _forked("pass")
+    assert zygote._CURRENT[0] is first and first.alive()
+    assert zygote._relevant({"TORCHINDUCTOR_CACHE_DIR": "/elsewhere"}) == {
+        "TORCHINDUCTOR_CACHE_DIR": "/elsewhere"
+    }

@@ -9,7 +9,9 @@ environment, ``sys.path``, ``argv`` and a private empty folder, and imports mega
 whatever it judges) itself. ``run`` answers as ``subprocess.run`` would, or None where the
 zygote cannot stand for a plain child (another environment, a path that finds another torch,
 a triton that reads ``TRITON_INTERPRET`` only at its import, the zygote gone): the caller
-then starts a plain one. ``start()`` starts it ahead of need, beside other work.
+then starts a plain one. ``start()`` starts it ahead of need, beside other work; in the
+``backports`` command it is forked from the command itself (``forked_zygote``: torch imported
+once for the command and its sniff children), elsewhere started.
 """
 
 import atexit
@@ -26,6 +28,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import forked_zygote
+
 _SERVER = Path(__file__).with_name("_zygote_child.py")
 _PATH_VARIABLE = "MEGATRON_BACKPORTS_CHILD_PATH"
 # What differs between requests and decides nothing of the zygote's own imports.
@@ -35,22 +39,44 @@ _OFF = "MEGATRON_BACKPORTS"
 
 def _relevant(env: Mapping[str, str]) -> dict[str, str]:
     """The environment as the zygote's imports see it: the switches of this project are
-    read by no module it imports (and are off there), per-request values are the request's."""
+    read by no module it imports (and are off there), per-request values are the request's,
+    and a default torch wrote into this process's environment is no change."""
     return {
         name: value
         for name, value in env.items()
-        if name not in _PER_REQUEST and not name.startswith(_OFF)
+        if name not in _PER_REQUEST
+        and not name.startswith(_OFF)
+        and not _torch_default(name, value)
     }
+
+
+def _torch_default(name: str, value: str) -> bool:
+    """Whether ``name=value`` is what torch sets in ``os.environ`` on first use when it is
+    unset: ``TORCHINDUCTOR_CACHE_DIR`` (its default folder, written by
+    ``cache_dir_utils.cache_dir()``, which a megatron import in the caller reaches). Read
+    from torch as imported here; where it is not imported, torch wrote nothing here."""
+    if name != "TORCHINDUCTOR_CACHE_DIR":
+        return False
+    utils = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    default = getattr(utils, "default_cache_dir", None)
+    if default is None:
+        return False
+    try:
+        return os.path.abspath(str(default())) == value
+    except Exception:  # torch's own lookup failing decides nothing: the value counts
+        return False
 
 
 class Zygote:
     """A started zygote: requests go in as JSON lines, answers come back on a reader thread."""
 
-    def __init__(self, env: Mapping[str, str], path: Sequence[str]) -> None:
+    def __init__(self, env: Mapping[str, str], path: Sequence[str], fork: bool = False) -> None:
         self.relevant = _relevant(env)
         self.folder = tempfile.TemporaryDirectory(prefix="megatron-backports-zygote-")
         environ = {**env, _PATH_VARIABLE: json.dumps(list(path)), _OFF: "0"}
-        self.process = subprocess.Popen(
+        # Forked from this process where it may (torch imported once for both), else started.
+        forked = forked_zygote.fork(environ, self.folder.name) if fork else None
+        self.process: subprocess.Popen[str] | forked_zygote.Forked = forked or subprocess.Popen(
             [sys.executable, "-I", str(_SERVER)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -179,7 +205,7 @@ _LOCK = threading.Lock()
 _CURRENT: list[Zygote] = []
 
 
-def _zygote(env: Mapping[str, str], path: Sequence[str]) -> Zygote | None:
+def _zygote(env: Mapping[str, str], path: Sequence[str], fork: bool = False) -> Zygote | None:
     """The running zygote for this environment, started if there is none; None while one
     for another environment is busy."""
     with _LOCK:
@@ -191,7 +217,7 @@ def _zygote(env: Mapping[str, str], path: Sequence[str]) -> Zygote | None:
                 return None
             current.stop()
             _CURRENT.clear()
-        started = Zygote(env, path)
+        started = Zygote(env, path, fork)
         _CURRENT.append(started)
         return started
 
@@ -212,7 +238,7 @@ def start(path: Sequence[str]) -> None:
         return
     environ = dict(os.environ)
     environ[_OFF] = "0"
-    _zygote(environ, path)
+    _zygote(environ, path, fork=True)
 
 
 def run(
