@@ -242,9 +242,19 @@ def _no_backport_leaks(
     monkeypatch.delenv("MEGATRON_BACKPORTS_SAID")
     revert()
     SESSION.reset()  # a new session per test: nothing installed, watched, said or loaded
+    handlers = _signal_handlers()
     yield
     revert()
     SESSION.reset()
+    # A handler left behind would change what a later test's Ctrl-C or SIGTERM does (and a
+    # user's, were it the tool that left it).
+    assert _signal_handlers() == handlers, "the test left a signal handler changed"
+
+
+def _signal_handlers() -> tuple[object, object]:
+    import signal
+
+    return signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
 
 
 @pytest.fixture
