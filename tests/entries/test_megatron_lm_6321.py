@@ -24,7 +24,6 @@ from backports.megatron import Action, Verdict, apply, revert, status
 from backports.megatron.catalog import by_id
 from backports.megatron.model import SniffFailed
 from backports.megatron.private_globals import with_globals
-from backports.megatron.testing import CONTRACT
 from tests.reports import report_for
 from tests.standins import recorded_as_carrying_the_fix
 
@@ -239,12 +238,8 @@ def test_status_on_a_release_with_the_fix_says_upstream(checkpointing, monkeypat
     assert "vendor/megatron_lm_6321" in report.reason
 
 
-# --- the contract kit -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("check", CONTRACT, ids=lambda check: check.__name__)
-def test_the_contract(check):
-    check(ENTRY)
+# The contract kit runs for every entry in tests/catalog/test_contract.py (its reload check
+# in the slow selection); what follows is specific to this fix.
 
 
 # --- megatron.training's logging set-up stays off a command's stdout --------------------------

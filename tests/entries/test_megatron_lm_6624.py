@@ -18,7 +18,6 @@ import pytest
 from backports.megatron import Action, apply, revert
 from backports.megatron.catalog import by_id
 from backports.megatron.model import ResolvedTarget, SniffFailed
-from backports.megatron.testing import CONTRACT
 from backports.megatron.vendored import vendored_module
 from tests.deciding import sniff_replacement
 from tests.reports import report_for
@@ -280,12 +279,7 @@ def test_the_fsdp_branch_fills_an_fp32_main_grad_without_te(function_class, rebu
     assert _fsdp_backward(rebuilt).main_grad.dtype == torch.float32
 
 
-# --- the contract kit and the install --------------------------------------------------------
-
-
-@pytest.mark.parametrize("check", CONTRACT, ids=lambda check: check.__name__)
-def test_the_contract(check):
-    check(ENTRY)
+# --- the install (the contract kit: tests/catalog/test_contract.py, for every entry) -------
 
 
 def test_apply_widens_the_wgrad_of_megatrons_own_function_and_revert_restores_it(

@@ -22,7 +22,6 @@ from backports.megatron import Action, apply, revert
 from backports.megatron.catalog import by_id
 from backports.megatron.catalog import megatron_lm_6890 as entry_module
 from backports.megatron.model import ResolvedTarget, SniffFailed
-from backports.megatron.testing import CONTRACT
 from backports.megatron.vendored import vendored_module
 from backports.megatron.vendored.manifest import manifest_problems
 from tests.paths import ROOT
@@ -294,12 +293,7 @@ def test_the_schema_refuses_related_prs_that_are_not_pull_request_numbers(bad):
     ]
 
 
-# --- the contract kit and the install --------------------------------------------------------
-
-
-@pytest.mark.parametrize("check", CONTRACT, ids=lambda check: check.__name__)
-def test_the_contract(check):
-    check(ENTRY)
+# --- the install (the contract kit: tests/catalog/test_contract.py, for every entry) -------
 
 
 def test_apply_rebinds_the_four_kernels_everywhere_and_revert_puts_back_the_very_objects(rope):
