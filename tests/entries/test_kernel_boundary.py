@@ -47,7 +47,7 @@ def stub(tilelang_dsa: ModuleType, monkeypatch: pytest.MonkeyPatch) -> StubSpars
 
 @pytest.fixture(params=[False, True], ids=["local-changes", "upstream-only"])
 def installed(request: pytest.FixtureRequest, tilelang_dsa: ModuleType, stub) -> ModuleType:
-    report = report_for(apply(upstream_only=request.param), BACKPORT_ID)
+    report = report_for(apply(BACKPORT_ID, upstream_only=request.param), BACKPORT_ID)
     assert report.action is Action.INSTALLED
     return tilelang_dsa
 
