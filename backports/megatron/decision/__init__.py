@@ -553,7 +553,7 @@ def _unsniffed(
     if spec.sniff_on_demand:
         evidence["behaviour"]["on_demand"] = True
         reason = (
-            f"{early.version} lacks the fix by its version alone (no release carries it); "
+            f"{early.version} lacks the fix: by its version alone (no release carries it); "
             "not yet checked: run `backports check` (its sniff starts child processes, "
             "which only `backports check` and `backports apply` run; they keep the proof "
             "for status and jobs)"
