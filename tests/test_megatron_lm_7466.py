@@ -210,13 +210,19 @@ def test_a_job_without_a_proof_installs_nothing(cross_entropy, monkeypatch, tmp_
 
 
 @pytest.mark.slow(reason=_SLOW_WHY)
-def test_check_and_apply_keep_the_proof_status_reads(monkeypatch, tmp_path):
+def test_check_and_apply_keep_the_proof_status_reads(monkeypatch, tmp_path, capsys):
+    import json
+
     from backports.megatron import cli
 
     monkeypatch.setenv(verdict_cache.CACHE, "1")
     checked, applied = tmp_path / "checked", tmp_path / "applied"
     monkeypatch.setenv(verdict_cache.CACHE_DIR, str(checked))
-    assert cli.main(["check", "--only", ID]) == 0
+    capsys.readouterr()
+    assert cli.main(["check", "--only", ID, "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    # check's own row is the proved one, not "not yet checked".
+    assert "lacks the fix: with label smoothing 0.1 over 2 ranks" in row["reason"], row
     monkeypatch.setenv(verdict_cache.CACHE_DIR, str(applied))
     report = report_for(apply(only=ID), ID)  # the ranks' answer is kept in the process
     revert(only=ID)
