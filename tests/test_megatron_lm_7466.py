@@ -27,7 +27,7 @@ from backports.megatron import Action, Verdict, apply, revert, status
 from backports.megatron.api import apply_in_job
 from backports.megatron.catalog import _checks, by_id, megatron_lm_7466
 from backports.megatron.decision import cache_key, verdict_cache
-from backports.megatron.model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, SniffFailed
+from backports.megatron.model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, SniffFailed, SniffResult
 from backports.megatron.testing import CONTRACT
 from tests.reports import report_for
 
@@ -296,6 +296,23 @@ def test_no_megatron_core_can_read_upstream_without_evidence():
     upstream = read_upstream(ENTRY.vendored)
     assert "merge_sha" not in upstream and "head_sha" not in upstream
     assert not upstream.get("fixed_symbols_sha256") and ENTRY.fixed_in is None
+
+
+def test_a_release_whose_ranks_show_the_fix_is_drifted_not_upstream(cross_entropy):
+    """Were a megatron-core's two ranks to show the fix, nothing independent would say it
+    landed (no merge in git, no release, no recorded text): ``incompatible``, check by hand."""
+    from backports.megatron.decision.early import early_evidence
+    from backports.megatron.decision.judging import behaviour_reasons, git_evidence
+    from backports.megatron.kinds import kind_of
+
+    (target,) = ENTRY.targets
+    resolved = kind_of(target).resolve(target, ID)
+    evidence = early_evidence(ENTRY).evidence
+    evidence["git"] = git_evidence(ENTRY, evidence)
+    shown = SniffResult(True, "the ranks agree with the reference", {})
+    verdict, reason = behaviour_reasons(ENTRY, shown, evidence, "megatron-core 9.9", [resolved])
+    assert verdict is Verdict.INCOMPATIBLE and "drifted" in reason
+    assert evidence["landed"] == {"text": {}, "git": False, "release": False}
 
 
 # --- the contract kit -------------------------------------------------------------------------
