@@ -281,6 +281,23 @@ def test_sniff_refuses_a_forward_it_cannot_load_in_a_child(cross_entropy):
         megatron_lm_7466._source_file(stand_in)
 
 
+def test_a_rank_that_fails_ends_its_peer_and_says_why(monkeypatch):
+    """Rank 1 exits at once; rank 0 would wait for it far longer than the test runs."""
+    import sys
+    import time
+
+    def command(request: dict[str, Any]) -> list[str]:
+        if request["rank"] == 1:
+            return [sys.executable, "-I", "-c", "import sys; print('no peer'); sys.exit(3)"]
+        return [sys.executable, "-I", "-c", "import time; time.sleep(300)"]
+
+    monkeypatch.setattr(megatron_lm_7466, "_rank_command", command)
+    started = time.monotonic()
+    with pytest.raises(SniffFailed, match="rank 1 of the two-rank child exited 3: no peer"):
+        megatron_lm_7466.run_two_ranks({"installed": "nowhere.py"})
+    assert time.monotonic() - started < 60
+
+
 def test_on_demand_needs_a_sniff_in_child():
     assert _checks.problem(ENTRY) is None
     alone = dataclasses.replace(ENTRY, sniff_in_child=False)

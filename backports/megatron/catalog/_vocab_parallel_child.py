@@ -15,6 +15,7 @@ label, alpha / (V - 1) on each other id), its gradient by autograd. Prints one l
 ``SNIFF <json>``: per forward and smoothing, this rank's largest loss and gradient errors.
 """
 
+import datetime
 import importlib
 import importlib.util
 import json
@@ -116,8 +117,13 @@ def main(argument: str) -> None:
 
     torch.set_num_threads(1)
     rank = int(request["rank"])
+    # A rank whose peer never comes ends instead of waiting for gloo's default 30 minutes.
     dist.init_process_group(
-        "gloo", init_method=f"file://{request['store']}", rank=rank, world_size=2
+        "gloo",
+        init_method=f"file://{request['store']}",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=120),
     )
     megatron_module = importlib.import_module(_MODULE)
     data = _inputs()

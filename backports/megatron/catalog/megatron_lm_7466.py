@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -77,51 +78,72 @@ def _rank_command(request: dict[str, Any]) -> list[str]:
     return [sys.executable, "-I", str(_CHILD), json.dumps(request)]
 
 
+def _environment() -> dict[str, str]:
+    """This process's environment, the backports off; gloo on the loopback interface
+    where there is one and the user chose none (a host name that does not resolve to this
+    machine cannot stop two ranks on it from meeting)."""
+    env = {**os.environ, "MEGATRON_BACKPORTS": "0"}
+    if "GLOO_SOCKET_IFNAME" not in env and os.path.isdir("/sys/class/net/lo"):
+        env["GLOO_SOCKET_IFNAME"] = "lo"
+    return env
+
+
 def run_two_ranks(sets: dict[str, str]) -> dict[str, Any]:
     """Each set (label -> the file of a forward) judged by two gloo ranks on CPU, in two
     fresh interpreters (``-I``, a private working folder, this process's ``sys.path``, the
     backports off): ``{"sets": {label: [rank 0's runs, rank 1's]}, "megatron": path}``."""
     searched = [entry for entry in sys.path if entry]
-    env = {**os.environ, "MEGATRON_BACKPORTS": "0"}
-    with tempfile.TemporaryDirectory(prefix="megatron-backports-7466-") as folder:
-        store = os.path.join(folder, "store")
-        requests = [
-            {"sys_path": searched, "rank": rank, "store": store, "sets": sets}
-            for rank in range(_RANKS)
-        ]
-        ranks = [
-            subprocess.Popen(
-                _rank_command(request),
-                cwd=folder,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for request in requests
-        ]
-        answers = [_answer(rank, process) for rank, process in enumerate(ranks)]
-    labels = list(sets)
+    with tempfile.TemporaryDirectory(prefix="megatron-backports-7466-") as name:
+        folder = Path(name)
+        ranks = []
+        for rank in range(_RANKS):
+            request = {"sys_path": searched, "rank": rank, "store": str(folder / "store")}
+            request["sets"] = sets
+            with (
+                (folder / f"out-{rank}").open("w") as out,
+                (folder / f"err-{rank}").open("w") as err,
+            ):
+                command = _rank_command(request)
+                ranks.append(
+                    subprocess.Popen(
+                        command, cwd=folder, env=_environment(), stdout=out, stderr=err
+                    )
+                )
+        _wait_for(ranks)
+        # A rank that failed first: the one that ended its peer says why.
+        order = sorted(range(_RANKS), key=lambda rank: ranks[rank].returncode in (0, -9))
+        said = {rank: _answer(rank, ranks[rank], folder) for rank in order}
+        answers = [said[rank] for rank in range(_RANKS)]
     return {
-        "sets": {label: [answer["sets"][label] for answer in answers] for label in labels},
+        "sets": {label: [answer["sets"][label] for answer in answers] for label in sets},
         "megatron": answers[0].get("megatron"),
     }
 
 
-def _answer(rank: int, process: "subprocess.Popen[str]") -> dict[str, Any]:
-    """What one rank printed; a rank that fails or hangs ends the sniff (its peer too)."""
-    try:
-        out, err = process.communicate(timeout=_CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate()
-        raise SniffFailed(f"rank {rank} of the two-rank child timed out") from None
+def _wait_for(ranks: "list[subprocess.Popen[bytes]]") -> None:
+    """Until every rank has ended; one that fails, or the time limit, ends the others (a
+    rank alone would wait for its peer)."""
+    deadline = time.monotonic() + _CHILD_TIMEOUT_S
+    while any(process.poll() is None for process in ranks):
+        failed = any(process.poll() not in (None, 0) for process in ranks)
+        if failed or time.monotonic() > deadline:
+            for process in ranks:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+            return
+        time.sleep(0.1)
+
+
+def _answer(rank: int, process: "subprocess.Popen[bytes]", folder: Path) -> dict[str, Any]:
+    """What one rank printed, or why it said nothing."""
+    out = (folder / f"out-{rank}").read_text(errors="replace")
+    err = (folder / f"err-{rank}").read_text(errors="replace")
     lines = [line for line in out.splitlines() if line.startswith("SNIFF ")]
     if process.returncode != 0 or len(lines) != 1:
         tail = (err or out).strip().splitlines()[-1:] or ["no output"]
-        raise SniffFailed(
-            f"rank {rank} of the two-rank child exited {process.returncode}: {tail[0]}"
-        )
+        why = "was stopped" if process.returncode in (-9, None) else f"exited {process.returncode}"
+        raise SniffFailed(f"rank {rank} of the two-rank child {why}: {tail[0]}")
     return json.loads(lines[0][len("SNIFF ") :])  # type: ignore[no-any-return]
 
 
