@@ -281,6 +281,46 @@ def test_sniff_refuses_a_forward_it_cannot_load_in_a_child(cross_entropy):
         megatron_lm_7466._source_file(stand_in)
 
 
+def _staged_copy(folder: Path, breaking: bool) -> Path:
+    """The vendored folder copied as ``backports sync`` stages a candidate (UPSTREAM.toml
+    beside it); ``breaking``: the candidate smooths with the partition's size again."""
+    import shutil
+
+    from backports.megatron.vendored import vendored_module
+
+    source = Path(vendored_module(ENTRY.vendored).__file__).parent
+    staged = shutil.copytree(source, folder / "megatron_lm_7466")
+    candidate = staged / "cross_entropy.py"
+    if breaking:
+        text = candidate.read_text()
+        wrong = text.replace("vocab_size = partition_vocab_size * world_size", "vocab_size = 4")
+        assert wrong != text
+        candidate.write_text(wrong)
+    return candidate
+
+
+def test_a_staged_sync_candidate_can_be_run_in_the_children(cross_entropy, tmp_path):
+    from backports.megatron.kinds import kind_of
+
+    (target,) = ENTRY.targets
+    resolved = kind_of(target).resolve(target, ID)
+    candidate = _staged_copy(tmp_path, breaking=False)
+    namespace: dict[str, Any] = {}
+    exec(compile(candidate.read_text(), str(candidate), "exec"), namespace)
+    stand_in = dataclasses.replace(resolved, original=namespace["forward"])
+    assert megatron_lm_7466._source_file(stand_in) == str(candidate.resolve())
+
+
+@pytest.mark.slow(reason=_SLOW_WHY)
+def test_a_sync_candidate_without_the_fix_is_judged_so(tmp_path):
+    """What ``backports sync`` runs on a staged candidate: its own code on the two ranks."""
+    from backports.megatron.sync import verify
+
+    seen = verify.sniff_file(ID, _staged_copy(tmp_path, breaking=True))
+    assert seen["fixed"] is False, seen
+    assert "each rank smooths over its own vocabulary slice" in seen["summary"]
+
+
 def test_a_rank_that_fails_ends_its_peer_and_says_why(monkeypatch):
     """Rank 1 exits at once; rank 0 would wait for it far longer than the test runs."""
     import sys

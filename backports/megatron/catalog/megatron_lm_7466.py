@@ -61,12 +61,13 @@ def _file_of(module_name: str) -> str | None:
 
 def _source_file(target: ResolvedTarget) -> str:
     """The file a child loads ``target.original`` from: megatron's module (the installed
-    forward) or the vendored module (a copy of its function stands in for it). A forward
-    from anywhere else cannot be run in a child."""
+    forward), the vendored module (a copy of its function stands in for it), or a vendored
+    folder's candidate (one with its ``UPSTREAM.toml``: what ``backports sync`` stages). A
+    forward from anywhere else cannot be run in a child."""
     code = getattr(target.original, "__code__", None)
     filename = os.path.realpath(code.co_filename) if code is not None else ""
     known = {_file_of(target.module.__name__), _file_of(_VENDORED)}
-    if filename and filename in known:
+    if filename and (filename in known or Path(filename).with_name("UPSTREAM.toml").is_file()):
         return filename
     raise SniffFailed(
         f"the forward judged comes from {filename or repr(target.original)}: the two-rank "
