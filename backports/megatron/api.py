@@ -43,6 +43,7 @@ __all__ = [
     "probe_ignoring_switches",
     "revert",
     "status",
+    "status_proving",
 ]
 
 # The environment switches; switches.py reads them (spellings, warnings).
@@ -133,14 +134,19 @@ def _deferred_report(spec: BackportSpec, decision: Decision) -> Report:
 
 
 def _apply_all(
-    specs: list[BackportSpec], strict: bool, mode: str, child_sniffs: bool
+    specs: list[BackportSpec], strict: bool, mode: str, child_sniffs: bool, on_demand: bool
 ) -> list[Report]:
     """Decide each backport (one decision each), install the needed ones together, watch
     the installed and the deferred ones for their targets' import."""
     early = [_already(spec, mode) for spec in specs]
     decisions = {
         spec.id: decide(
-            spec, mode, importing=False, child_sniffs=child_sniffs, plugin=origin(spec.id)
+            spec,
+            mode,
+            importing=False,
+            child_sniffs=child_sniffs,
+            plugin=origin(spec.id),
+            on_demand=on_demand,
         )
         for spec, report in zip(specs, early, strict=True)
         if report is None
@@ -154,7 +160,9 @@ def _apply_all(
             report = _deferred_report(spec, decision) if waits else next(settled)
             if report.action in (Action.INSTALLED, Action.DEFERRED):
                 # Watched for its import, and for a reload or re-import once installed.
-                watched = deferred.Watch(spec, strict, mode, origin(spec.id), child_sniffs)
+                watched = deferred.Watch(
+                    spec, strict, mode, origin(spec.id), child_sniffs, on_demand
+                )
                 deferred.watch(watched)
         assert report is not None
         reports.append(report)
@@ -173,17 +181,20 @@ def apply(
     vendored code alone, without this project's local changes; asking for the other mode
     than the installed one swaps the replacement. A backport whose sniff starts child
     interpreters is proven here where the proof store has no answer, once per node
-    (``apply_in_job``: the start-up hook's ``apply`` in a job's processes).
+    (``apply_in_job``: the start-up hook's ``apply`` in a job's processes), one marked
+    ``sniff_on_demand`` (a process group of ranks) too.
     """
-    return _apply(only, strict, upstream_only, child_sniffs=True)
+    return _apply(only, strict, upstream_only, child_sniffs=True, on_demand=True)
 
 
 def apply_in_job(only: tuple[str, ...] | None = None, strict: bool = False) -> list[Report]:
     """``apply`` as the start-up hook runs it in every process of a job: the proof store
     answers a sniff that starts child interpreters; where it has no proof, one process of
     the node runs the sniff under a file lock in the store and the others read its proof
-    (with the store off, ``MEGATRON_BACKPORTS_CACHE=0``, each process runs it)."""
-    return _apply(only, strict, None, child_sniffs=True)
+    (with the store off, ``MEGATRON_BACKPORTS_CACHE=0``, each process runs it). A sniff
+    marked ``sniff_on_demand`` is never run here: its proof (``backports apply`` or ``check``
+    keeps it) answers, else the entry is "not yet checked" and not installed."""
+    return _apply(only, strict, None, child_sniffs=True, on_demand=False)
 
 
 def _apply(
@@ -192,12 +203,13 @@ def _apply(
     upstream_only: bool | None,
     *,
     child_sniffs: bool,
+    on_demand: bool,
 ) -> list[Report]:
     mode = _mode(upstream_only)
     ids = _selection(only)
     _warn_unknown_skips()
     with SESSION.lock, one_look():
-        reports = _apply_all(select(ids), strict, mode, child_sniffs)
+        reports = _apply_all(select(ids), strict, mode, child_sniffs, on_demand)
         for report in reports:  # in catalog order, once every outcome is recorded
             announce(report, stacklevel=4)
     held_back = _withheld(ids, Action.SKIPPED)
@@ -214,15 +226,21 @@ def _apply(
 # ---- status --------------------------------------------------------------------------------
 
 
-def _status_one(spec: BackportSpec, ignore_switches: bool = False) -> Report:
+def _status_one(
+    spec: BackportSpec, ignore_switches: bool = False, on_demand: bool = False
+) -> Report:
     """What ``apply`` would do for ``spec``, decided with every target imported and every
-    sniff run (a child's answer through the verdict cache)."""
+    sniff run (a child's answer through the verdict cache), but one marked
+    ``sniff_on_demand`` unless ``on_demand`` (its proof in the store answers, or "not yet
+    checked")."""
     reason = None if ignore_switches else disabled_reason(spec)
     if reason is not None:
         return Report(spec.id, Verdict.DISABLED, Action.WOULD_SKIP, reason)
     current = installed_mode(spec.id)
     mode = _mode(None) if current is None else current
-    decision = decide(spec, mode, importing=True, child_sniffs=True, plugin=origin(spec.id))
+    decision = decide(
+        spec, mode, importing=True, child_sniffs=True, plugin=origin(spec.id), on_demand=on_demand
+    )
     assert decision.verdict is not None  # importing: every target is judged
     # Importing the targets may have fired a deferred install (apply ran before the import).
     current = installed_mode(spec.id)
@@ -240,14 +258,26 @@ def _status_one(spec: BackportSpec, ignore_switches: bool = False) -> Report:
 
 
 def status(only: str | Iterable[str] | None = None) -> list[Report]:
-    """Decide each backport and say what ``apply`` would do; changes nothing."""
+    """Decide each backport and say what ``apply`` would do; changes nothing. A sniff
+    marked ``sniff_on_demand`` is not run: its proof in the store answers, else the report
+    says "not yet checked: run `backports check`"."""
+    return _status(only, on_demand=False)
+
+
+def status_proving(only: str | Iterable[str] | None = None) -> list[Report]:
+    """``status``, running the sniffs marked ``sniff_on_demand`` too where the proof store
+    has no answer (and keeping their proofs): what ``backports check`` judges."""
+    return _status(only, on_demand=True)
+
+
+def _status(only: str | Iterable[str] | None, on_demand: bool) -> list[Report]:
     ids = _selection(only)
     _warn_unknown_skips()
     chosen = select(ids)
     with one_look():
         judged = _with_rivals(chosen)
         start_children_early([spec for spec in judged if disabled_reason(spec) is None])
-        reports = _shadowed([_status_one(spec) for spec in judged])
+        reports = _shadowed([_status_one(spec, on_demand=on_demand) for spec in judged])
     # ``--only``: the rivals were probed for what a job does with the chosen, not shown.
     by_id = {report.id: report for report in reports}
     return _sourced([by_id[spec.id] for spec in chosen]) + _withheld(ids, Action.WOULD_SKIP)
@@ -307,7 +337,7 @@ def probe_ignoring_switches(spec: BackportSpec) -> Report:
     """What the decision finds for ``spec`` whatever the environment's switches say
     (``check`` probes a disabled backport too); changes nothing."""
     with one_look():
-        return _status_one(spec, ignore_switches=True)
+        return _status_one(spec, ignore_switches=True, on_demand=True)
 
 
 def load_targets(only: str | Iterable[str] | None = None) -> None:

@@ -271,6 +271,11 @@ class BackportSpec:
     # verdict cache, or, while it is cold, from the evidence that needs no sniff; `backports
     # status` and `check` run it (and fill the cache). A kind may require it (an import guard).
     sniff_in_child: bool = False
+    # With ``sniff_in_child``: the sniff is costly (several child processes: a process group
+    # of ranks), so only ``backports check`` and ``apply()`` run it, keeping its proof in the
+    # proof store; ``status`` and a job's processes read the proof, and where none is stored
+    # say "not yet checked" (needed by the evidence that needs no sniff; nothing installed).
+    sniff_on_demand: bool = False
     # Targets upstream renamed since the entry was written (see ``Renamed``).
     renamed: tuple[Renamed, ...] = ()
     # First release with the bug, where it came later than the target: an older release

@@ -42,6 +42,17 @@ def _strings(name: str, value: object, *, empty: bool, dotted: bool = False) -> 
     return None
 
 
+def _on_demand(spec: BackportSpec) -> str | None:
+    """``sniff_on_demand`` is a bool, and only for a sniff in child processes (one in this
+    process costs milliseconds: every caller runs it)."""
+    value = spec.sniff_on_demand
+    if not isinstance(value, bool):
+        return f"sniff_on_demand is a {_kind(value)}, not a bool"
+    if value and not spec.sniff_in_child:
+        return "sniff_on_demand needs sniff_in_child (a sniff in this process always runs)"
+    return None
+
+
 def _target(index: int, target: object) -> str | None:
     where = f"targets[{index}]"
     if not isinstance(target, Target):
@@ -132,6 +143,7 @@ def problem(spec: BackportSpec) -> str | None:
             if isinstance(spec.sniff_in_child, bool)
             else f"sniff_in_child is a {_kind(spec.sniff_in_child)}, not a bool"
         ),
+        lambda: _on_demand(spec),
     ]
     for check in checks:
         bad = check()

@@ -120,7 +120,9 @@ def _with_probe_anyway(report: Report, anyway: Report | None) -> Report:
 
 def run(args: argparse.Namespace) -> int:
     only = _options.only(args)
-    probed = api.status(only)  # imports the targets, so the apply below installs now
+    # Imports the targets, so the apply below installs now; proves (and keeps) the sniffs
+    # that only check and apply run.
+    probed = api.status_proving(only)
     # The same action words as `status`: a backport the environment's hook installs says so.
     hook = _hook.Hook.read(_job.default_site_dir())
     probed = [_hook.with_hook(report, hook) for report in probed]

@@ -105,6 +105,7 @@ def decide(
     importing: bool,
     child_sniffs: bool,
     plugin: tuple[str, str] | None = None,
+    on_demand: bool = False,
 ) -> Decision:
     """The verdict on ``spec`` in ``mode`` (``UPSTREAM_ONLY`` or ``WITH_LOCAL_CHANGES``).
 
@@ -114,8 +115,13 @@ def decide(
     node: see ``_proved_once``); without (the manifest, which starts no child), such a
     backport is decided on the evidence that needs no sniff, and the reason says so.
     ``plugin``: (distribution, entry-point module) of a plugin's entry, for the cache's key.
+    ``on_demand``: also run a sniff the entry marks ``sniff_on_demand`` (``check`` and
+    ``apply()`` do; ``status`` and a job's processes only read its proof, else say "not yet
+    checked").
     Never raises but for a KeyboardInterrupt: a failure is an ``incompatible`` verdict.
     """
+    if spec.sniff_on_demand and not on_demand:
+        child_sniffs = False  # the proof store's answer, or "not yet checked"
     if spec.copies:
         return _decide_copies(spec, mode, importing, child_sniffs, plugin)
     early = early_evidence(spec)
@@ -270,7 +276,8 @@ def start_children_early(specs: Sequence[BackportSpec]) -> None:
     store holds no verdict on it: its seconds of imports overlap this process's own."""
     for spec in specs:
         in_child = spec.sniff_in_child or any(kind_of(t).sniff_in_child for t in spec.targets)
-        if in_child and not verdict_cache.stored_for(spec):
+        # A sniff run on demand starts children of its own, never the zygote's.
+        if in_child and not spec.sniff_on_demand and not verdict_cache.stored_for(spec):
             try:
                 zygote.start(children.child_path())
             except OSError as exc:  # an optimisation only: a sniff starts its own child
@@ -543,6 +550,14 @@ def _unsniffed(
         "interpreters, which this caller does not): `backports apply` or `backports "
         "status` prove it and keep the proof for every process"
     )
+    if spec.sniff_on_demand:
+        evidence["behaviour"]["on_demand"] = True
+        reason = (
+            f"{early.version} lacks the fix: by its version alone (no release carries it); "
+            "not yet checked: run `backports check` (its sniff starts child processes, "
+            "which only `backports check` and `backports apply` run; they keep the proof "
+            "for status and jobs)"
+        )
     return Decision(spec, mode, Verdict.NEEDED, reason, evidence, targets, proven=False)
 
 

@@ -41,6 +41,9 @@ class Watch:
     # Whether a sniff that starts child interpreters may run at the import (an explicit
     # ``apply()``), or the verdict cache must answer (a job's start-up hook).
     child_sniffs: bool = False
+    # Whether an entry's sniff marked ``sniff_on_demand`` may run (``apply()``), or only
+    # its proof in the store answers (a job's start-up hook).
+    on_demand: bool = False
 
 
 class _StrictFailure(BackportError):
@@ -125,7 +128,12 @@ def decide_and_install(module: ModuleType) -> None:
         try:
             decisions = [
                 decide(
-                    w.spec, w.mode, importing=False, child_sniffs=w.child_sniffs, plugin=w.plugin
+                    w.spec,
+                    w.mode,
+                    importing=False,
+                    child_sniffs=w.child_sniffs,
+                    plugin=w.plugin,
+                    on_demand=w.on_demand,
                 )
                 for w in due
             ]

@@ -1,0 +1,1 @@
+"""NVIDIA/Megatron-LM#7466 (open): vocab-parallel label smoothing over the whole vocabulary."""
