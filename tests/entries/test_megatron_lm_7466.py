@@ -28,7 +28,6 @@ from backports.megatron.api import apply_in_job
 from backports.megatron.catalog import _checks, by_id, megatron_lm_7466
 from backports.megatron.decision import cache_key, verdict_cache
 from backports.megatron.model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, SniffFailed, SniffResult
-from backports.megatron.testing import CONTRACT
 from tests.reports import report_for
 
 ID = "megatron-lm-7466"
@@ -372,22 +371,5 @@ def test_a_release_whose_ranks_show_the_fix_is_drifted_not_upstream(cross_entrop
     assert evidence["landed"] == {"text": {}, "git": False, "release": False}
 
 
-# --- the contract kit -------------------------------------------------------------------------
-
-
-# The checks that run the sniff (in this process or a fresh interpreter's apply()) are slow;
-# status only says "not yet checked", and the others refuse or hash before any sniff.
-_SNIFFLESS = ("status_lists_it_once", "strict_refuses_a_target_unlike_any_version")
-_SNIFFLESS += ("vendored_code_matches_its_hashes",)
-
-
-@pytest.mark.parametrize(
-    "check",
-    [
-        pytest.param(check, marks=() if check.__name__ in _SNIFFLESS else pytest.mark.slow)
-        for check in CONTRACT
-    ],
-    ids=lambda check: check.__name__,
-)
-def test_the_contract(check):
-    check(ENTRY)
+# The contract kit: tests/catalog/test_contract.py (its checks that sniff are slow for this
+# entry: two ranks in child interpreters).
