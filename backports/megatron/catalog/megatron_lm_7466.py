@@ -30,7 +30,16 @@ from typing import Any
 
 from packaging.version import Version
 
-from ..model import VENDOR_PACKAGE, BackportSpec, ResolvedTarget, SniffFailed, SniffResult, Target
+from ..model import (
+    VENDOR_PACKAGE,
+    BackportSpec,
+    Resolved,
+    ResolvedTarget,
+    SniffFailed,
+    SniffResult,
+    Target,
+    recorded_as,
+)
 
 _MODULE = "megatron.core.tensor_parallel.cross_entropy"
 _VENDORED = f"{VENDOR_PACKAGE}.megatron_lm_7466.cross_entropy"
@@ -215,8 +224,8 @@ def _judge(runs: RankRuns) -> SniffResult:
     return SniffResult(False, summary, detail)
 
 
-def _sniff(targets: Sequence[ResolvedTarget]) -> SniffResult:
-    (target,) = targets
+def _sniff(targets: Sequence[Resolved]) -> SniffResult:
+    (target,) = recorded_as(targets, ResolvedTarget)
     seen = _seen(_source_file(target))
     result = _judge(seen["runs"])
     return SniffResult(
