@@ -43,9 +43,11 @@ def fired(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     # The environment running the tests may carry the hook (`tools/run-job` leaves it in
     # .venv): its trigger is in this process already. Each test starts without one.
     start_up.deactivate()
-    # As in a fresh interpreter: megatron not imported yet (an earlier test may have), or
-    # the hook fires at once, as it should where megatron is already there.
-    monkeypatch.delitem(sys.modules, "megatron", raising=False)
+    # As in a fresh interpreter: no watched package imported yet (an earlier test may have
+    # imported megatron, or megatron_fsdp through #5976's sniff), or the hook fires at once,
+    # as it should where one is already there.
+    for package in job_start.watched_packages():
+        monkeypatch.delitem(sys.modules, package, raising=False)
     yield calls
     start_up.deactivate()
 
