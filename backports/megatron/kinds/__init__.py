@@ -167,6 +167,7 @@ _KINDS = {
     "ImportGuard": "import_guard",
     "ModuleAttribute": "module_attribute",
     "Constructor": "constructor",
+    "AddedAttribute": "added",
 }
 
 
