@@ -30,7 +30,14 @@ upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has
 - #115 (merged): changes ``accepts_parameter`` and a data file (``megatron/core/limits.json``),
   which a function swap cannot carry;
 - #116 (merged by an octopus merge titled ``(#116)``): its head changes ``divide``; the
-  merge also brings a branch of no pull request that changes ``GeLUFunction.backward``.
+  merge also brings a branch of no pull request that changes ``GeLUFunction.backward``;
+- #121 (merged): a one-line fix of ``round_up_to_nearest_multiple`` (float rounding), with a
+  CPU test, beside inert noise: the module docstring, another function's docstring, a comment,
+  a bare annotation in a plain class;
+- #122 (merged): ``_ValueWithRank.__str__`` calls a method the pull request adds, which reads
+  a class attribute it adds, with a CPU test;
+- #123 (merged): ``is_submodule`` reads a new module constant and a name it newly imports
+  from a module the installed release has.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ DIVISIBILITY = "megatron/core/divisibility.py"
 POST_TRAINING = "megatron/post_training/notes.py"
 TEST_UTILS = "tests/unit_tests/test_utils.py"
 TEST_GELU = "tests/unit_tests/fusions/test_fused_bias_gelu.py"
-NEWEST = 116
+NEWEST = 123
 LIMITS = "megatron/core/limits.json"
 
 DIVIDE = '''\
@@ -424,9 +431,74 @@ def build(root: Path) -> Upstream:
     b.files[octopus] = b.files[both]
     c["merge116"] = main = octopus
 
+    main = _shapes(b, c, main)
     b.ref("refs/heads/main", main)
     b.repo.git.checkout("--quiet", "--force", "main")
     return Upstream(root, b.repo, c)
+
+
+ROUND_UP = "    return math.ceil(value / multiple) * multiple\n"
+ROUND_UP_FIXED = "    return -(-value // multiple) * multiple\n"
+TEST_ROUND_UP = """
+
+def test_round_up_keeps_big_integers_exact():
+    from megatron.core.utils import round_up_to_nearest_multiple
+
+    assert round_up_to_nearest_multiple(2**53 + 1, 1) == 2**53 + 1
+"""
+SHOWN_VALUE = (
+    "    def _shown_value(self) -> str:\n"
+    "        if self._unit in self._PLAIN_UNITS:\n"
+    "            return str(self._value)\n"
+    '        return f"{self._value:.2f}"\n\n'
+)
+TEST_SHOWN_VALUE = """
+
+def test_a_value_without_a_unit_is_shown_as_it_is():
+    from megatron.core.utils import _ValueWithRank
+
+    assert str(_ValueWithRank(3, 0)) == "3/0"
+"""
+
+
+def _shapes(b: _Builder, c: dict[str, str], main: str) -> str:
+    """#121-#123: the shapes small fixes have (inert noise, a new method and class
+    attribute, a new constant and import); main's new tip."""
+    u = b.files[main][UTILS]
+    u = edit(u, ROUND_UP, ROUND_UP_FIXED)
+    u = edit(u, '"""Utility functions used throughout Megatron core"""',
+             '"""Utility functions used throughout Megatron core."""')  # fmt: skip
+    u = edit(u, "    Check if a module is a submodule of another module.\n",
+             "    Whether a module is a submodule of another module.\n")  # fmt: skip
+    u = edit(u, "def get_model_type(model):\n",
+             "def get_model_type(model):\n    # The model's type, wrapped or not.\n")  # fmt: skip
+    u = edit(u, "    def __init__(self):\n        self.buffer = {}\n",
+             "    buffer: dict\n\n    def __init__(self):\n        self.buffer = {}\n")  # fmt: skip
+    t = b.files[main][TEST_UTILS] + TEST_ROUND_UP
+    c["head121"] = _pull(b, 121, main, "round up", {UTILS: u, TEST_UTILS: t})
+    c["merge121"] = main = _merge(b, main, 121, "Round up big integers exactly", c["head121"])
+
+    u = b.files[main][UTILS]
+    u = edit(u, '        return f"{self._value:.2f}{self._unit}/{self._rank}"\n',
+             '        return f"{self._shown_value()}{self._unit}/{self._rank}"\n')  # fmt: skip
+    u = edit(u, "    def __str__(self) -> str:\n", SHOWN_VALUE + "    def __str__(self) -> str:\n")
+    docstring_end = '        _unit (str) : unit for the value\n    """\n'
+    u = edit(u, docstring_end, docstring_end + '\n    _PLAIN_UNITS = ("",)\n')
+    t = b.files[main][TEST_UTILS] + TEST_SHOWN_VALUE
+    c["head122"] = _pull(b, 122, main, "plain values", {UTILS: u, TEST_UTILS: t})
+    c["merge122"] = main = _merge(b, main, 122, "Show a value without unit plainly", c["head122"])
+
+    u = b.files[main][UTILS]
+    u = edit(u, "import array\n", "import array\nfrom functools import partial as _partial\n")
+    u = edit(u, "def is_submodule(module, parent_module, strict=True):\n",
+             "_STRICT_DEFAULT = True\n\n\n"
+             "def is_submodule(module, parent_module, strict=None):\n")  # fmt: skip
+    u = edit(u, "    if strict:\n        if module is parent_module:",
+             "    if _partial(bool, _STRICT_DEFAULT if strict is None else strict)():\n"
+             "        if module is parent_module:")  # fmt: skip
+    c["head123"] = _pull(b, 123, main, "strict default", {UTILS: u})
+    c["merge123"] = main = _merge(b, main, 123, "A default for is_submodule", c["head123"])
+    return main
 
 
 _BUILT: dict[str, Upstream] = {}

@@ -23,7 +23,7 @@ from . import _tool, child
 from .budget import check_budget
 from .clone import open_clone
 from .derivation import Derivation, Names
-from .errors import AlreadyPresent, BadInput, FromPrError, NotProven
+from .errors import AlreadyPresent, BadInput, FromPrError, NotProven, Reason
 from .locate import installed_distribution, locate, refuse_uncarried_files
 from .merge import Conflict
 from .plugin import write_plugin
@@ -154,7 +154,10 @@ def _derive(d: Derivation, number: int, scratch: Path, staging: Path, keep: bool
         tried = "; ".join(
             f"{name}: {' / '.join(r.get('tried', []))}" for name, r in sniffed.results.items()
         )
-        raise NotProven(f"no route tells the installed code from the fixed one on CPU ({tried})")
+        raise NotProven(
+            f"no route tells the installed code from the fixed one on CPU ({tried})",
+            Reason.NO_ROUTE,
+        )
     if sniffed_targets[0] != vendored.targets[0].attribute:
         d.vendored = vendor(
             d.located, clone, pr, installed, repo_url=d.repo_url, first=sniffed_targets[0]
@@ -257,7 +260,9 @@ def _run(args: argparse.Namespace) -> int:
         first, *rest = str(exc).splitlines()
         written = "" if exc.exit_code != 1 else "; nothing written"
         where = sys.stdout if exc.exit_code == 0 else sys.stderr  # nothing to do: no error
-        print(f"backports new: {first.rstrip(':')}{written}", file=where)
+        # A refusal's named reason leads (docs/from-pr.md gives each one's next step).
+        named = f"[{exc.reason.code}] " if exc.exit_code == 1 and exc.reason else ""
+        print(f"backports new: {named}{first.rstrip(':')}{written}", file=where)
         for line in rest:  # a merge conflict's hunk
             print(f"  {line}", file=sys.stderr)
         return exc.exit_code

@@ -141,7 +141,19 @@ def _entry(d: Derivation) -> str:
         )
         for t in v.targets
     )
+    targets += "".join(
+        plugin_texts.ADDED.format(
+            distribution="megatron-core",
+            module=t.module,
+            attribute=t.attribute,
+            replacement=t.replacement,
+            wrap=t.wrap,
+        )
+        for t in v.added  # after the targets: the first target leads (its module, its sniff)
+    )
+    names = ["BackportSpec", "SniffResult", "Target", "VendoredRef"]
     return plugin_texts.ENTRY.format(
+        catalog_names=", ".join((["AddedAttribute"] if v.added else []) + names),
         repo_name=d.repo_name,
         pr=d.pr.number,
         title_doc=_title_doc(d.title),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from . import _tool
 from .clone import Clone
-from .errors import NotProven, Refused
+from .errors import NotProven, Reason, Refused
 from .locate import Installed, module_of, segment
 from .merge import Conflict, merge_symbol
 from .model import Located, PullRequest, Symbol
@@ -39,6 +39,10 @@ class CarriedTarget:
     decorator: str | None  # "module:name" of the decorator the installed one carries
     merged: bool  # drifted: carried by a three-way merge
     helpers: tuple[str, ...] = ()
+    # "method" or "class attribute": a name the fix adds to an installed class (the
+    # added-attribute kind sets it at install); "" for a target that replaces one.
+    added: str = ""
+    wrap: str = ""  # an added method's binding: "", "staticmethod", "classmethod", "property"
 
     @property
     def upstream(self) -> str:
@@ -56,10 +60,13 @@ class VendoredCode:
     reads_from: dict[str, tuple[str, ...]]
     segment: str  # upstream's text of the pieces (what upstream_sha256 hashes)
     left_out: tuple[str, ...]  # symbols not carried, each with why
+    added: tuple[CarriedTarget, ...] = ()  # names the fix adds to installed classes
 
     @property
     def origin(self) -> str:
-        return "handwritten" if any(t.merged for t in self.targets) else "synced"
+        # A class attribute is written beside upstream's pieces: no sync re-renders it.
+        written = any(t.added == "class attribute" for t in self.added)
+        return "handwritten" if written or any(t.merged for t in self.targets) else "synced"
 
 
 def _installed_def(installed: Installed, module: str, qualname: str) -> ast.FunctionDef:
@@ -68,7 +75,9 @@ def _installed_def(installed: Installed, module: str, qualname: str) -> ast.Func
     assert found is not None
     scope = found[1].scope(qualname)
     if scope is None or not isinstance(scope.node, ast.FunctionDef):
-        raise NotProven(f"{module}.{qualname} is not a def in the installed code")
+        raise NotProven(
+            f"{module}.{qualname} is not a def in the installed code", Reason.OUTSIDE_RELEASE
+        )
     return scope.node
 
 
@@ -141,7 +150,23 @@ def _merged_source(loc: Located, clone: Clone, pr: PullRequest, installed: Insta
     scope = units.scope(loc.qualname)
     assert scope is not None
     lines = text.splitlines(keepends=True)
-    return "".join(lines[: scope.first - 1]) + merged + "".join(lines[scope.last :])
+    imports = _new_imports(base_text, new_text)
+    return "".join(lines[: scope.first - 1]) + imports + merged + "".join(lines[scope.last :])
+
+
+def _import_texts(text: str) -> list[str]:
+    tree = ast.parse(text)
+    found = [s for s in tree.body if isinstance(s, ast.Import | ast.ImportFrom)]
+    return [ast.get_source_segment(text, s) or ast.unparse(s) for s in found]
+
+
+def _new_imports(base_text: str, new_text: str) -> str:
+    """The module-level imports the pull request adds, as lines: a drifted symbol is merged
+    into the installed text, which lacks them, and the fixed code may use them (the
+    vendored module repeats them; a ``megatron`` name is a live look-up the reads check
+    finds on the installed release, or refuses)."""
+    had = set(_import_texts(base_text))
+    return "".join(f"{line}\n" for line in _import_texts(new_text) if line not in had)
 
 
 @dataclass
@@ -152,6 +177,8 @@ class _Plan:
     carried: list[str]
     left_out: list[str]
     decorators: dict[str, list[str]] = field(default_factory=dict)
+    added: list[CarriedTarget] = field(default_factory=list)
+    attributes: list[str] = field(default_factory=list)  # class attribute lines to append
 
 
 def _undecorated(source: str, name: str) -> tuple[str, list[str]]:
@@ -172,15 +199,22 @@ def _plan(
     located: list[Located], clone: Clone, pr: PullRequest, installed: Installed, conflicts: str
 ) -> _Plan:
     plan = _Plan({}, [], [], [], [])
-    helpers = []
+    helpers, added = [], []
     for loc in located:
         symbol = loc.symbol
-        if symbol.kind in ("comment", "import"):
+        if symbol.kind in ("comment", "import", "inert"):
             continue
         if loc.status == "not shipped":
             plan.left_out.append(f"{symbol.shown}: {loc.how}")
+        elif symbol.kind in _ADDED and loc.status == "new":
+            added.append(loc)
+        elif symbol.kind in _ADDED:
+            raise Refused(f"{symbol.shown}: {loc.how}; the fix adds it: check by hand")
         elif loc.status == "absent":
-            raise NotProven(f"{symbol.shown} is {loc.how}: there is nothing installed to patch")
+            raise NotProven(
+                f"{symbol.shown} is {loc.how}: there is nothing installed to patch",
+                Reason.OUTSIDE_RELEASE,
+            )
         elif loc.status == "new":
             helpers.append(loc)
         elif symbol.kind in ("function", "method"):
@@ -212,7 +246,12 @@ def _plan(
             plan.decorators[target.upstream] = texts
     if not plan.targets:
         left = f" (left out: {'; '.join(plan.left_out)})" if plan.left_out else ""
-        raise NotProven(f"the pull request changes no installed function or method to swap{left}")
+        raise NotProven(
+            f"the pull request changes no installed function or method to swap{left}",
+            Reason.OUTSIDE_RELEASE,
+        )
+    for loc in added:
+        _plan_added(plan, loc, clone, pr)
     for loc in helpers:
         key = f"{loc.symbol.path}@{pr.new.sha[:12]}"
         plan.sources.setdefault(key, clone.text(pr.new.sha, loc.symbol.path) or "")
@@ -220,6 +259,57 @@ def _plan(
         plan.pieces.append(_tool.Piece(key, module, loc.symbol.qualname, carried=True))
         plan.carried.append(loc.symbol.qualname)
     return plan
+
+
+_ADDED = ("new method", "new class attribute")
+_ATTRIBUTES_ORIGIN = (
+    "# origin: derived by backports new --from-pr: upstream's code at the pull request's\n"
+    "#         commit; the class attributes it adds are written at the end as module\n"
+    "#         constants. Module globals are looked up on the live upstream modules.\n"
+)
+_WRAPS = ("staticmethod", "classmethod", "property")
+
+
+def _plan_added(plan: _Plan, loc: Located, clone: Clone, pr: PullRequest) -> None:
+    """A method the fix adds is vendored as a method piece (upstream's text, dedented); a
+    class attribute's literal is written as a module constant beside the pieces. Either is
+    set on the installed class at install (the added-attribute kind)."""
+    symbol = loc.symbol
+    assert loc.module is not None
+    key = f"{symbol.path}@{pr.new.sha[:12]}"
+    source = plan.sources.setdefault(key, clone.text(pr.new.sha, symbol.path) or "")
+    units = map_units(source)
+    owner, _, name = symbol.qualname.rpartition(".")
+    if symbol.kind == "new method":
+        scope = units.scope(symbol.qualname)
+        assert scope is not None and isinstance(scope.node, ast.FunctionDef)
+        node = scope.node
+        texts = [ast.unparse(d) for d in node.decorator_list]
+        if len(texts) > 1 or (texts and texts[0] not in _WRAPS):
+            raise Refused(f"{symbol.shown} carries @{', @'.join(texts)}: no kind adds it bound so")
+        target = CarriedTarget(
+            loc, loc.module, symbol.qualname, name, _parameters(node), None, False,
+            added="method", wrap=texts[0] if texts else "",
+        )  # fmt: skip
+        plan.pieces.append(_tool.Piece(key, loc.module, symbol.qualname))
+    else:
+        scope = units.scope(owner)
+        assert scope is not None and isinstance(scope.node, ast.ClassDef)
+        stmt = next(s for s in scope.node.body if name in _bound_by(s))
+        value = getattr(stmt, "value", None)
+        assert value is not None
+        replacement = f"_added_{owner}_{name}"
+        text = ast.get_source_segment(source, value) or ast.unparse(value)
+        plan.attributes.append(
+            f"# {symbol.qualname}, which the pull request adds (upstream's value): the\n"
+            f"# backport sets it on the installed {owner} at install.\n"
+            f"{replacement} = {text}\n"
+        )
+        target = CarriedTarget(
+            loc, loc.module, symbol.qualname, replacement, (), None, False,
+            added="class attribute",
+        )  # fmt: skip
+    plan.added.append(target)
 
 
 def _merge_naming_blame(
@@ -370,7 +460,8 @@ def _check_reads(reads: dict[str, tuple[str, ...]], installed: Installed) -> Non
             raise NotProven(
                 f"the vendored code reads {', '.join(missing)} from {module}, which "
                 f"{installed.name} {installed.version} does not define: another upstream "
-                "change it depends on is missing"
+                "change it depends on is missing",
+                Reason.OUTSIDE_RELEASE,
             )
 
 
@@ -418,7 +509,7 @@ def vendor(
         plan.targets = [plan.targets[i] for i in order]
         plan.pieces = [plan.pieces[i] for i in order] + plan.pieces[len(order) :]
     main = plan.targets[0].module
-    names = [t.replacement for t in plan.targets]
+    names = [t.replacement for t in [*plan.targets, *plan.added]]
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:
         raise Refused(
@@ -436,7 +527,11 @@ def vendor(
         rendered, decorators = _tool.render_pieces(plan.sources, plan.pieces, provenance)
     except _tool.SyncError as exc:
         raise NotProven(f"cannot vendor it: {exc}") from exc
-    text = _merged_note(_spell_out_super(rendered.text, plan.targets, main), plan.targets)
+    text = _spell_out_super(rendered.text, [*plan.targets, *plan.added], main)
+    text = _merged_note(text, plan.targets)
+    if plan.attributes:  # written beside upstream's pieces: a sync would not re-render them
+        text = text.replace(_tool.SYNCED_ORIGIN_LINES, _ATTRIBUTES_ORIGIN, 1)
+        text += "".join(f"\n\n{a}" for a in plan.attributes)
     tree = ast.parse(text)
     listed = _literal(tree, "__reads__") or ()
     others = _literal(tree, "__reads_from__") or {}
@@ -470,4 +565,5 @@ def vendor(
         reads_from,
         rendered.segment,
         tuple(plan.left_out),
+        tuple(plan.added),
     )

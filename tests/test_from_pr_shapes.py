@@ -1,0 +1,210 @@
+"""``--from-pr`` carries the shapes small fixes have (fixture repository, installed 0.19.2):
+inert noise is dropped and listed (#121), a method and a class attribute the fix adds are
+added through the added-attribute kind (#122), a new module constant and import come along
+(#123); every refusal names one reason, and the docs list them all."""
+
+import ast
+import re
+import types
+from pathlib import Path
+
+import megatron.core.utils as utils
+import pytest
+
+from backports.megatron.authoring.from_pr.budget import check_budget
+from backports.megatron.authoring.from_pr.clone import open_clone
+from backports.megatron.authoring.from_pr.errors import Reason, Refused
+from backports.megatron.authoring.from_pr.inert import why_inert
+from backports.megatron.authoring.from_pr.locate import installed_distribution, locate
+from backports.megatron.authoring.from_pr.model import Located, Symbol
+from backports.megatron.authoring.from_pr.resolve import resolve_pull_request
+from backports.megatron.authoring.from_pr.symbols import changed_symbols
+from backports.megatron.authoring.from_pr.units import map_units
+from backports.megatron.authoring.from_pr.vendor import VendoredCode, _new_imports, vendor
+from backports.megatron.kinds import kind_of
+from backports.megatron.kinds.added import AddedAttribute
+from backports.megatron.kinds.install import uninstall
+from backports.megatron.model import Target
+from tests.from_pr_fixture import UTILS, Upstream, shared
+from tests.installing import install
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "from-pr.md"
+
+
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
+    return shared(tmp_path_factory)
+
+
+def _located(upstream: Upstream, number: int) -> tuple[list[Located], object, object]:
+    clone = open_clone(str(upstream.path))
+    pr = resolve_pull_request(clone, number)
+    symbols = changed_symbols(clone, pr).symbols
+    return locate(symbols, clone, pr, installed_distribution()), clone, pr
+
+
+def _vendor(upstream: Upstream, number: int) -> VendoredCode:
+    located, clone, pr = _located(upstream, number)
+    return vendor(located, clone, pr, installed_distribution(), repo_url="https://x.org/m")
+
+
+# ---- inert changes: dropped, and listed --------------------------------------------------
+
+
+def test_inert_noise_beside_a_one_line_fix_is_dropped_and_the_fix_carried(upstream) -> None:
+    """#121: the module docstring, another function's docstring, a comment and a bare
+    annotation beside a one-line fix: one symbol carried, four dropped with why."""
+    located, _, _ = _located(upstream, 121)
+    kinds = {loc.symbol.qualname: (loc.symbol.kind, loc.symbol.tags[0]) for loc in located}
+    assert kinds == {
+        "<module:3>": ("inert", "inert: module docstring only"),
+        "round_up_to_nearest_multiple": ("function", "function"),
+        "get_model_type": ("inert", "inert: comments or blank lines only"),
+        "GlobalMemoryBuffer": ("inert", "inert: bare annotation in a plain class only"),
+        "is_submodule": ("inert", "inert: docstring only"),
+    }
+    figures = check_budget(located)  # no "module statement" refusal any more
+    assert (figures.symbols, figures.inert, figures.uncarriable) == (1, 4, ())
+    vendored = _vendor(upstream, 121)
+    assert [t.attribute for t in vendored.targets] == ["round_up_to_nearest_multiple"]
+    assert "return -(-value // multiple) * multiple" in vendored.text
+    assert "is_submodule" not in vendored.text and "get_model_type" not in vendored.text
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "why"),
+    [
+        ('def f():\n    """A."""\n    return 1\n', 'def f():\n    """B."""\n    return 1\n',
+         "docstring only"),
+        ("def f():\n    return 1\n", "def f():\n    # one\n\n    return 1\n",
+         "comments or blank lines only"),
+        ("class C:\n    x = 1\n", "class C:\n    y: int\n    x = 1\n",
+         "bare annotation in a plain class only"),
+        ("@dataclass\nclass C:\n    x = 1\n", "@dataclass\nclass C:\n    y: int\n    x = 1\n",
+         None),  # a dataclass field: not inert
+        ("class C(NamedTuple):\n    x: int\n", "class C(NamedTuple):\n    x: int\n    y: int\n",
+         None),
+        ("def f():\n    return 1\n", "def f():\n    return 2\n", None),
+        ('def f():\n    """A."""\n', 'def f():\n    """B."""\n    return 2\n', None),
+    ],
+)  # fmt: skip
+def test_why_inert_tells_noise_from_code(old: str, new: str, why: str | None) -> None:
+    qualname = "C" if "class" in old else "f"
+    kind = "class body" if "class" in old else "function"
+    sides = (old, map_units(old)), (new, map_units(new))
+    assert why_inert(qualname, kind, *sides) == why
+
+
+# ---- a method and a class attribute the fix adds ---------------------------------------------
+
+
+def test_a_new_method_and_class_attribute_are_carried_as_added_names(upstream) -> None:
+    """#122: ``__str__`` calls a method the pull request adds, which reads a class
+    attribute it adds: ``__str__`` is the target, the other two are added at install."""
+    located, _, _ = _located(upstream, 122)
+    kinds = {loc.symbol.qualname: (loc.symbol.kind, loc.status) for loc in located}
+    assert kinds == {
+        "_ValueWithRank._PLAIN_UNITS": ("new class attribute", "new"),
+        "_ValueWithRank._shown_value": ("new method", "new"),
+        "_ValueWithRank.__str__": ("method", "identical"),
+    }
+    vendored = _vendor(upstream, 122)
+    assert [t.attribute for t in vendored.targets] == ["_ValueWithRank.__str__"]
+    added = {t.attribute: (t.added, t.replacement) for t in vendored.added}
+    assert added == {
+        "_ValueWithRank._PLAIN_UNITS": ("class attribute", "_added__ValueWithRank__PLAIN_UNITS"),
+        "_ValueWithRank._shown_value": ("method", "_shown_value"),
+    }
+    assert '_added__ValueWithRank__PLAIN_UNITS = ("",)' in vendored.text
+    assert vendored.origin == "handwritten"  # the attribute is written beside the pieces
+
+
+def test_the_added_names_install_and_revert_through_the_kinds(upstream) -> None:
+    """The vendored module of #122, installed as its plugin would: ``str()`` shows the
+    fixed text while installed, the installed one after revert, and nothing is left."""
+    vendored = _vendor(upstream, 122)
+    module = types.ModuleType("vendored_122")
+    exec(compile(vendored.text, "vendored_122.py", "exec"), module.__dict__)
+    targets: list[Target] = [
+        Target("megatron-core", ("megatron.core.utils",), "_ValueWithRank.__str__", ("self",))
+    ]
+    targets += [
+        AddedAttribute("megatron-core", ("megatron.core.utils",), t.attribute,
+                       replacement=t.replacement, wrap=t.wrap)
+        for t in vendored.added
+    ]  # fmt: skip
+    parts = []
+    for target in targets:
+        kind = kind_of(target)
+        resolved = kind.resolve(target, "test-shapes-122")
+        assert kind.refusal(target, resolved, []) is None
+        parts.append((target, resolved, kind.replacement(target, module)))
+    assert str(utils._ValueWithRank(3, 0)) == "3.00/0"  # the installed release's
+    try:
+        install("test-shapes-122", parts)
+        assert str(utils._ValueWithRank(3, 0)) == "3/0"  # the pull request's test passes
+        assert str(utils._ValueWithRank(3, 0, "ms")) == "3.00ms/0"
+    finally:
+        uninstall("test-shapes-122")
+    assert str(utils._ValueWithRank(3, 0)) == "3.00/0"
+    assert not {"_shown_value", "_PLAIN_UNITS"} & set(vars(utils._ValueWithRank))
+
+
+def test_a_name_the_installed_class_already_has_is_refused(upstream) -> None:
+    """The fix "adds" ``__str__``, which the installed class defines: never overwritten."""
+    symbol = Symbol(UTILS, "_ValueWithRank.__str__", "new method", ("new method",), 3)
+    clone = open_clone(str(upstream.path))
+    pr = resolve_pull_request(clone, 122)
+    (loc,) = locate((symbol,), clone, pr, installed_distribution())
+    assert loc.status == "drifted" and "already exists" in loc.how
+    with pytest.raises(Refused, match="already exists") as caught:
+        vendor([loc], clone, pr, installed_distribution(), repo_url="x")
+    assert caught.value.reason is Reason.SHAPE
+
+
+# ---- module-level additions ---------------------------------------------------------------------
+
+
+def test_a_new_constant_and_import_come_along_with_a_drifted_function(upstream) -> None:
+    """#123: ``is_submodule`` (its docstring changed since the release: the same code) reads
+    a constant and a name imported at module level, both new: the vendored module has both."""
+    located, _, _ = _located(upstream, 123)
+    status = {loc.symbol.qualname: loc.status for loc in located if loc.symbol.kind != "comment"}
+    assert status["is_submodule"] == "identical" and status["_STRICT_DEFAULT"] == "new"
+    vendored = _vendor(upstream, 123)
+    tree = ast.parse(vendored.text)
+    imports = [ast.unparse(s) for s in tree.body if isinstance(s, ast.ImportFrom)]
+    assert "from functools import partial as _partial" in imports
+    assert "_STRICT_DEFAULT" in vendored.carried and "_partial" not in vendored.reads
+    module = types.ModuleType("vendored_123")
+    module.__dict__["__name__"] = "vendored_123"
+    exec(compile(vendored.text, "vendored_123.py", "exec"), module.__dict__)
+    module.__target_module__ = "megatron.core.utils"
+    import torch
+
+    layer = torch.nn.Linear(1, 1)
+    assert module.is_submodule(layer, layer) is False  # strict by the new default
+    assert module.is_submodule(layer, layer, strict=False) is True
+
+
+# ---- the named reasons ---------------------------------------------------------------------------
+
+
+def test_every_reason_has_a_code_and_a_next_step_and_the_docs_list_it() -> None:
+    doc = DOCS.read_text(encoding="utf-8")
+    codes = [reason.code for reason in Reason]
+    assert len(set(codes)) == len(codes)
+    for reason in Reason:
+        assert re.fullmatch(r"[a-z]+(-[a-z]+)*", reason.code) and reason.next_step
+        assert f"| `{reason.code}` |" in doc, reason.code
+
+
+def test_a_drifted_symbol_merged_into_the_installed_text_gets_the_new_imports() -> None:
+    """The installed text lacks the imports the pull request adds: the merged source gets
+    them (the vendored module repeats them), and only them."""
+    base = "import os\nfrom a import b\n\n\ndef f():\n    return b\n"
+    new = (
+        "import os\nfrom a import b\nfrom c import d as e\nimport g.h\n\n\ndef f():\n    return e\n"
+    )
+    assert _new_imports(base, new) == "from c import d as e\nimport g.h\n"
+    assert _new_imports(base, base) == ""
