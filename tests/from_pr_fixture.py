@@ -37,7 +37,9 @@ upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has
 - #122 (merged): ``_ValueWithRank.__str__`` calls a method the pull request adds, which reads
   a class attribute it adds, with a CPU test;
 - #123 (merged): ``is_submodule`` reads a new module constant and a name it newly imports
-  from a module the installed release has.
+  from a module the installed release has;
+- #124 (merged): two ``__init__``s in two modules (``GlobalMemoryBuffer``'s and
+  ``LayerWiseDistributedOptimizer``'s) each set one more attribute.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ DIVISIBILITY = "megatron/core/divisibility.py"
 POST_TRAINING = "megatron/post_training/notes.py"
 TEST_UTILS = "tests/unit_tests/test_utils.py"
 TEST_GELU = "tests/unit_tests/fusions/test_fused_bias_gelu.py"
-NEWEST = 123
+NEWEST = 124
 LIMITS = "megatron/core/limits.json"
 
 DIVIDE = '''\
@@ -498,6 +500,14 @@ def _shapes(b: _Builder, c: dict[str, str], main: str) -> str:
              "        if module is parent_module:")  # fmt: skip
     c["head123"] = _pull(b, 123, main, "strict default", {UTILS: u})
     c["merge123"] = main = _merge(b, main, 123, "A default for is_submodule", c["head123"])
+
+    init = "    def __init__(self):\n"
+    u = edit(b.files[main][UTILS], f"{init}        self.buffer = {{}}\n",
+             f"{init}        self.hits = 0\n        self.buffer = {{}}\n")  # fmt: skip
+    lw = edit(b.files[main][LAYERWISE], "        super().__init__(optimizers)\n",
+              "        super().__init__(optimizers)\n        self.hits = 0\n")  # fmt: skip
+    c["head124"] = _pull(b, 124, main, "hits", {UTILS: u, LAYERWISE: lw})
+    c["merge124"] = main = _merge(b, main, 124, "Count hits", c["head124"])
     return main
 
 

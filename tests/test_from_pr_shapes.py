@@ -187,6 +187,23 @@ def test_a_new_constant_and_import_come_along_with_a_drifted_function(upstream) 
     assert module.is_submodule(layer, layer, strict=False) is True
 
 
+# ---- same-named targets ---------------------------------------------------------------------
+
+
+def test_two_inits_in_two_modules_share_one_plugin_under_names_of_their_own(upstream) -> None:
+    """#124 changes two ``__init__``s: each is defined in the vendored module under a name
+    of its own, which its target names (the refusal "both named __init__" is gone)."""
+    vendored = _vendor(upstream, 124)
+    replacements = {t.attribute: t.replacement for t in vendored.targets}
+    assert replacements == {
+        "GlobalMemoryBuffer.__init__": "utils_GlobalMemoryBuffer___init__",
+        "LayerWiseDistributedOptimizer.__init__":
+            "layer_wise_optimizer_LayerWiseDistributedOptimizer___init__",
+    }  # fmt: skip
+    defined = {n.name for n in ast.parse(vendored.text).body if isinstance(n, ast.FunctionDef)}
+    assert set(replacements.values()) <= defined and "__init__" not in defined
+
+
 # ---- the named reasons ---------------------------------------------------------------------------
 
 
@@ -208,3 +225,59 @@ def test_a_drifted_symbol_merged_into_the_installed_text_gets_the_new_imports() 
     )
     assert _new_imports(base, new) == "from c import d as e\nimport g.h\n"
     assert _new_imports(base, base) == ""
+
+
+# ---- whole derivations (slow) ------------------------------------------------------------------
+
+_WHOLE = pytest.mark.slow(
+    reason="derives, proves (contract kit, backports check in children) and writes a whole "
+    "plugin from the fixture: minutes on 2 cores"
+)
+
+
+@pytest.fixture
+def _scratch_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The derivation's scratch folders and its children's temporary files stay here."""
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def _new(upstream: Upstream, number: int, dest: Path) -> int:
+    from backports.megatron import cli
+
+    argv = ["new", "--from-pr", str(number), "--repo", str(upstream.path), "--dest", str(dest)]
+    return cli.main(argv)
+
+
+@_WHOLE
+@pytest.mark.usefixtures("_scratch_here")
+def test_a_one_line_fix_beside_inert_noise_is_proven(upstream, tmp_path, capsys) -> None:
+    """#121 end to end: proven by its own CPU test; the report lists the dropped noise."""
+    dest = tmp_path / "plugin"
+    assert _new(upstream, 121, dest) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "dropped as inert (nothing at run time), 4:" in out
+    assert f"  {UTILS}::is_submodule  [docstring only]" in out
+    assert "backports check --only mlm-pr-121: exit 0" in out
+    entry = (dest / "mlm_pr_121_backport" / "entry.py").read_text()
+    assert "attribute='round_up_to_nearest_multiple'" in entry and "is_submodule" not in entry
+
+
+@_WHOLE
+@pytest.mark.usefixtures("_scratch_here")
+def test_a_fix_adding_a_method_and_class_attribute_is_proven(upstream, tmp_path, capsys) -> None:
+    """#122 end to end: the plugin's entry adds the method and the class attribute
+    (AddedAttribute targets), and the contract kit's apply/revert and check pass."""
+    dest = tmp_path / "plugin"
+    assert _new(upstream, 122, dest) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "backports check --only mlm-pr-122: exit 0" in out
+    assert "added to the installed _ValueWithRank at install, removed at revert" in out
+    entry = (dest / "mlm_pr_122_backport" / "entry.py").read_text()
+    assert "AddedAttribute(" in entry and "attribute='_ValueWithRank._shown_value'" in entry
+    assert "replacement='_added__ValueWithRank__PLAIN_UNITS'" in entry

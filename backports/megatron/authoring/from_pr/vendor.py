@@ -13,6 +13,7 @@ an installed module must be there, or nothing is written.
 """
 
 import ast
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
@@ -312,6 +313,29 @@ def _plan_added(plan: _Plan, loc: Located, clone: Clone, pr: PullRequest) -> Non
     plan.added.append(target)
 
 
+def _rename_clashes(plan: _Plan) -> None:
+    """Targets of one name (two ``__init__``s, a helper duplicated in two modules) are
+    defined in the vendored module under names of their own (``<module>_<Class>___init__``):
+    each target's ``replacement`` names its function."""
+    names = [t.replacement for t in [*plan.targets, *plan.added]]
+    clashes = {n for n in names if names.count(n) > 1}
+    if not clashes:
+        return
+    with_pieces = [t for t in [*plan.targets, *plan.added] if t.added != "class attribute"]
+    for index, target in enumerate(with_pieces):
+        if target.replacement not in clashes:
+            continue
+        unique = f"{target.module.rpartition('.')[2]}_{target.attribute.replace('.', '_')}"
+        renamed = dataclasses.replace(target, replacement=unique)
+        owner = plan.targets if target in plan.targets else plan.added
+        owner[owner.index(target)] = renamed
+        plan.pieces[index] = dataclasses.replace(plan.pieces[index], defined_as=unique)
+    names = [t.replacement for t in [*plan.targets, *plan.added]]
+    clashes = {n for n in names if names.count(n) > 1}
+    if clashes:
+        raise Refused(f"two targets are both named {min(clashes)}: one module cannot hold both")
+
+
 def _merge_naming_blame(
     mine: str, base: str, new: str, symbol: Symbol, clone: Clone, pr: PullRequest, base_text: str
 ) -> str:
@@ -509,12 +533,7 @@ def vendor(
         plan.targets = [plan.targets[i] for i in order]
         plan.pieces = [plan.pieces[i] for i in order] + plan.pieces[len(order) :]
     main = plan.targets[0].module
-    names = [t.replacement for t in [*plan.targets, *plan.added]]
-    clashes = sorted({n for n in names if names.count(n) > 1})
-    if clashes:
-        raise Refused(
-            f"two targets are both named {clashes[0]}: one vendored module cannot hold both"
-        )
+    _rename_clashes(plan)
     provenance = _tool.Provenance(
         repo=repo_url,
         pr=pr.number,
