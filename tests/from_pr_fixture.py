@@ -39,7 +39,9 @@ upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has
 - #123 (merged): ``is_submodule`` reads a new module constant and a name it newly imports
   from a module the installed release has;
 - #124 (merged): two ``__init__``s in two modules (``GlobalMemoryBuffer``'s and
-  ``LayerWiseDistributedOptimizer``'s) each set one more attribute.
+  ``LayerWiseDistributedOptimizer``'s) each set one more attribute;
+- #125 (merged): ``get_model_config`` counts its calls in a module counter it adds, through
+  a new helper that assigns it (``global``).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ DIVISIBILITY = "megatron/core/divisibility.py"
 POST_TRAINING = "megatron/post_training/notes.py"
 TEST_UTILS = "tests/unit_tests/test_utils.py"
 TEST_GELU = "tests/unit_tests/fusions/test_fused_bias_gelu.py"
-NEWEST = 124
+NEWEST = 125
 LIMITS = "megatron/core/limits.json"
 
 DIVIDE = '''\
@@ -463,6 +465,19 @@ def test_a_value_without_a_unit_is_shown_as_it_is():
 """
 
 
+COUNTER = """\
+_CONFIG_READS = 0
+
+
+def _count_config_read():
+    global _CONFIG_READS
+    _CONFIG_READS += 1
+    return _CONFIG_READS
+
+
+"""
+
+
 def _shapes(b: _Builder, c: dict[str, str], main: str) -> str:
     """#121-#123: the shapes small fixes have (inert noise, a new method and class
     attribute, a new constant and import); main's new tip."""
@@ -508,6 +523,17 @@ def _shapes(b: _Builder, c: dict[str, str], main: str) -> str:
               "        super().__init__(optimizers)\n        self.hits = 0\n")  # fmt: skip
     c["head124"] = _pull(b, 124, main, "hits", {UTILS: u, LAYERWISE: lw})
     c["merge124"] = main = _merge(b, main, 124, "Count hits", c["head124"])
+
+    u = edit(
+        b.files[main][UTILS],
+        "def get_model_config(model):\n",
+        COUNTER + "def get_model_config(model):\n",
+    )
+    u = edit(u, '    return get_attr_wrapped_model(model, "config", allow_none=False)\n',
+             '    _count_config_read()\n'
+             '    return get_attr_wrapped_model(model, "config", allow_none=False)\n')  # fmt: skip
+    c["head125"] = _pull(b, 125, main, "count", {UTILS: u})
+    c["merge125"] = main = _merge(b, main, 125, "Count config reads", c["head125"])
     return main
 
 

@@ -187,6 +187,17 @@ def test_a_new_constant_and_import_come_along_with_a_drifted_function(upstream) 
     assert module.is_submodule(layer, layer, strict=False) is True
 
 
+def test_module_state_a_carried_helper_keeps_lives_in_the_vendored_module(upstream) -> None:
+    """#125: a new helper assigns a new module counter (``global``): both are carried, and
+    the counter lives in the vendored module (the installed module never had it)."""
+    vendored = _vendor(upstream, 125)
+    assert set(vendored.carried) == {"_CONFIG_READS", "_count_config_read"}
+    module = types.ModuleType("vendored_125")
+    exec(compile(vendored.text, "vendored_125.py", "exec"), module.__dict__)
+    assert module._count_config_read() == 1 and module._count_config_read() == 2
+    assert module._CONFIG_READS == 2 and not hasattr(utils, "_CONFIG_READS")
+
+
 # ---- same-named targets ---------------------------------------------------------------------
 
 

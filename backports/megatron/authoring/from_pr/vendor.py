@@ -545,7 +545,7 @@ def vendor(
     try:
         rendered, decorators = _tool.render_pieces(plan.sources, plan.pieces, provenance)
     except _tool.SyncError as exc:
-        raise NotProven(f"cannot vendor it: {exc}") from exc
+        raise NotProven(f"cannot vendor it: {exc}", Reason.SHAPE) from exc
     text = _spell_out_super(rendered.text, [*plan.targets, *plan.added], main)
     text = _merged_note(text, plan.targets)
     if plan.attributes:  # written beside upstream's pieces: a sync would not re-render them
