@@ -14,7 +14,7 @@ import pytest
 from backports.megatron.authoring.from_pr.budget import check_budget
 from backports.megatron.authoring.from_pr.clone import open_clone
 from backports.megatron.authoring.from_pr.errors import Reason, Refused
-from backports.megatron.authoring.from_pr.inert import why_inert
+from backports.megatron.authoring.from_pr.inert import added_class_attributes, why_inert
 from backports.megatron.authoring.from_pr.locate import installed_distribution, locate
 from backports.megatron.authoring.from_pr.model import Located, Symbol
 from backports.megatron.authoring.from_pr.resolve import resolve_pull_request
@@ -96,6 +96,25 @@ def test_why_inert_tells_noise_from_code(old: str, new: str, why: str | None) ->
 
 
 # ---- a method and a class attribute the fix adds ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "added"),
+    [
+        ("class C:\n    x = 1\n", "class C:\n    x = 1\n    Y = (1,)\n", ["Y"]),
+        ("class C(Base):\n    x = 1\n", 'class C(Base):\n    """D."""\n    x = 1\n    y = 2\n',
+         ["y"]),
+        ("class C:\n    x = 1\n", "class C:\n    x = 2\n    y = 2\n", None),  # x changed
+        ("@dataclass\nclass C:\n    x: int = 1\n",
+         "@dataclass\nclass C:\n    x: int = 1\n    y: int = 2\n", None),  # a field
+        ("class C(Enum):\n    A = 1\n", "class C(Enum):\n    A = 1\n    B = 2\n", None),
+        ("class C(metaclass=M):\n    a = 1\n", "class C(metaclass=M):\n    a = 1\n    b = 2\n",
+         None),
+    ],
+)  # fmt: skip
+def test_only_plain_class_attribute_additions_are_carried(old, new, added) -> None:
+    found = added_class_attributes("C", (old, map_units(old)), (new, map_units(new)))
+    assert (None if found is None else [name for name, _ in found]) == added
 
 
 def test_a_new_method_and_class_attribute_are_carried_as_added_names(upstream) -> None:

@@ -75,10 +75,9 @@ def _refuse_shapes(seen: Figures) -> None:
 
 
 def check_budget(located: list[Located], budget: Budget = BUDGET) -> Figures:
-    """The pull request's figures; ``Refused`` naming a change no kind carries, or the
-    figure over its limit (``over-budget``)."""
+    """The pull request's figures; ``Refused`` naming the figure over its limit
+    (``over-budget``), or else a change no kind carries (``shape``)."""
     seen = figures(located)
-    _refuse_shapes(seen)
     over = []
     if seen.symbols > budget.symbols:
         over.append(f"{seen.symbols} carried symbols (limit {budget.symbols})")
@@ -92,4 +91,5 @@ def check_budget(located: list[Located], budget: Budget = BUDGET) -> Figures:
             f"{Reason.OVER_BUDGET.next_step}",
             Reason.OVER_BUDGET,
         )
+    _refuse_shapes(seen)  # within the size budget: a change no kind carries is named as such
     return seen

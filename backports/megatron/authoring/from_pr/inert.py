@@ -136,6 +136,14 @@ def _assigned_name(stmt: ast.stmt) -> str | None:
     return None
 
 
+def _takes_attributes(cls: ast.ClassDef) -> bool:
+    """Whether a name set on the class later is what the class body would have made: not
+    for a dataclass or schema (a field), an enum (a member), or a class with a metaclass."""
+    texts = [ast.unparse(node) for node in [*cls.decorator_list, *cls.bases]]
+    special = (*_ANNOTATIONS_MATTER, "Enum", "Flag")
+    return not cls.keywords and not any(word in t for t in texts for word in special)
+
+
 def _own_statements(units: UnitMap, qualname: str) -> ast.ClassDef | None:
     """The class ``qualname`` with only its own statements (methods are units of theirs)."""
     scope = units.scope(qualname)
@@ -154,7 +162,7 @@ def added_class_attributes(
     if old is None or new is None:
         return None
     before, after = _own_statements(old[1], qualname), _own_statements(new[1], qualname)
-    if before is None or after is None:
+    if before is None or after is None or not _takes_attributes(after):
         return None
     had = {_assigned_name(s) for s in before.body} | {
         getattr(s.target, "id", None) for s in before.body if isinstance(s, ast.AnnAssign)
