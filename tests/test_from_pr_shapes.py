@@ -311,3 +311,13 @@ def test_a_fix_adding_a_method_and_class_attribute_is_proven(upstream, tmp_path,
     entry = (dest / "mlm_pr_122_backport" / "entry.py").read_text()
     assert "AddedAttribute(" in entry and "attribute='_ValueWithRank._shown_value'" in entry
     assert "replacement='_added__ValueWithRank__PLAIN_UNITS'" in entry
+
+
+def test_upstreams_invalid_escapes_raise_no_warning_here(recwarn) -> None:
+    """Upstream code with ``"\\-"`` (a SyntaxWarning) is read quietly: the user's terminal
+    is not told of upstream's lint."""
+    old = 'def f():\n    return "\\-"\n'
+    new = 'def f():\n    """Doc."""\n    return "\\-"\n'
+    assert why_inert("f", "function", (old, map_units(old)), (new, map_units(new)))
+    assert _new_imports(old, "import os\n" + new) == "import os\n"
+    assert not [w for w in recwarn if issubclass(w.category, SyntaxWarning)]

@@ -44,12 +44,17 @@ def _without_noise(node: ast.AST) -> ast.AST:
     return node
 
 
+def _parse(text: str) -> ast.Module:
+    """``text`` (a unit's lines) parsed, quietly: upstream's invalid escapes are not ours."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        return ast.parse(textwrap.dedent(text))
+
+
 def _code(text: str) -> str | None:
     """The code of ``text`` (a unit's lines), noise dropped, as a comparable dump."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SyntaxWarning)
-            tree = ast.parse(textwrap.dedent(text))
+        tree = _parse(text)
     except (SyntaxError, RecursionError, MemoryError):
         return None
     return ast.dump(_without_noise(tree))
@@ -62,7 +67,7 @@ def same_code(a: str, b: str) -> bool:
 
 
 def _docstrings(text: str) -> list[str]:
-    tree = ast.parse(textwrap.dedent(text))
+    tree = _parse(text)
     nodes = [n for n in ast.walk(tree) if isinstance(n, _DOCUMENTED)]
     return [ast.get_docstring(n, clean=False) or "" for n in nodes]
 
@@ -86,7 +91,7 @@ def _why_same(old: str, new: str) -> str | None:
         return None
     if _docstrings(old) != _docstrings(new):
         return "docstring only"
-    if ast.dump(ast.parse(textwrap.dedent(old))) != ast.dump(ast.parse(textwrap.dedent(new))):
+    if ast.dump(_parse(old)) != ast.dump(_parse(new)):
         return "bare annotation in a plain class only"
     return "comments or blank lines only"
 

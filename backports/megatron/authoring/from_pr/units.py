@@ -8,6 +8,7 @@ def or class is a module statement (an import, an assignment, a comment).
 
 import ast
 import functools
+import warnings
 from dataclasses import dataclass
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -161,6 +162,9 @@ class UnitMap:
 
 @functools.lru_cache(maxsize=16)  # read only; `candidates` maps one file's text many times
 def map_units(text: str) -> UnitMap:
-    """``text`` parsed; a SyntaxError propagates (the caller names the file)."""
-    tree = ast.parse(text)
+    """``text`` parsed; a SyntaxError propagates (the caller names the file). Quietly:
+    upstream's invalid escapes (a SyntaxWarning) are not the user's to read."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        tree = ast.parse(text)
     return UnitMap(tree, _scopes(tree))

@@ -15,6 +15,7 @@ an installed module must be there, or nothing is written.
 import ast
 import dataclasses
 import re
+import warnings
 from dataclasses import dataclass, field
 
 from . import _tool
@@ -156,7 +157,9 @@ def _merged_source(loc: Located, clone: Clone, pr: PullRequest, installed: Insta
 
 
 def _import_texts(text: str) -> list[str]:
-    tree = ast.parse(text)
+    with warnings.catch_warnings():  # upstream's invalid escapes are not ours to warn of
+        warnings.simplefilter("ignore", SyntaxWarning)
+        tree = ast.parse(text)
     found = [s for s in tree.body if isinstance(s, ast.Import | ast.ImportFrom)]
     return [ast.get_source_segment(text, s) or ast.unparse(s) for s in found]
 
