@@ -41,7 +41,9 @@ upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has
 - #124 (merged): two ``__init__``s in two modules (``GlobalMemoryBuffer``'s and
   ``LayerWiseDistributedOptimizer``'s) each set one more attribute;
 - #125 (merged): ``get_model_config`` counts its calls in a module counter it adds, through
-  a new helper that assigns it (``global``).
+  a new helper that assigns it (``global``);
+- #126 (merged): deletes the module function ``get_model_xattn`` beside a one-line fix of
+  ``get_model_type``.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ DIVISIBILITY = "megatron/core/divisibility.py"
 POST_TRAINING = "megatron/post_training/notes.py"
 TEST_UTILS = "tests/unit_tests/test_utils.py"
 TEST_GELU = "tests/unit_tests/fusions/test_fused_bias_gelu.py"
-NEWEST = 125
+NEWEST = 126
 LIMITS = "megatron/core/limits.json"
 
 DIVIDE = '''\
@@ -534,6 +536,14 @@ def _shapes(b: _Builder, c: dict[str, str], main: str) -> str:
              '    return get_attr_wrapped_model(model, "config", allow_none=False)\n')  # fmt: skip
     c["head125"] = _pull(b, 125, main, "count", {UTILS: u})
     c["merge125"] = main = _merge(b, main, 125, "Count config reads", c["head125"])
+
+    u = b.files[main][UTILS]
+    start_at = u.index("def get_model_xattn(model):")
+    u = u[:start_at] + u[u.index("_CONFIG_READS = 0", start_at) :]
+    model_type = '    return get_attr_wrapped_model(model, "model_type"'
+    u = edit(u, f"{model_type})\n", f"{model_type}, return_model_obj=False)\n")
+    c["head126"] = _pull(b, 126, main, "no xattn", {UTILS: u})
+    c["merge126"] = main = _merge(b, main, 126, "Drop get_model_xattn", c["head126"])
     return main
 
 

@@ -95,6 +95,17 @@ def test_why_inert_tells_noise_from_code(old: str, new: str, why: str | None) ->
     assert why_inert(qualname, kind, *sides) == why
 
 
+def test_a_module_function_the_fix_deletes_is_left_in_place(upstream) -> None:
+    """#126 deletes ``get_model_xattn`` beside its fix: the backport carries the fix and
+    leaves the deleted function be (listed as inert), instead of refusing the removal."""
+    located, _, _ = _located(upstream, 126)
+    kinds = {loc.symbol.qualname: (loc.symbol.kind, loc.symbol.tags[0]) for loc in located}
+    assert kinds["get_model_xattn"] == ("inert", "inert: removed upstream, left in place")
+    assert kinds["get_model_type"] == ("function", "function")
+    assert check_budget(located).uncarriable == ()
+    assert [t.attribute for t in _vendor(upstream, 126).targets] == ["get_model_type"]
+
+
 # ---- a method and a class attribute the fix adds ---------------------------------------------
 
 

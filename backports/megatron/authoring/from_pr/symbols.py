@@ -89,6 +89,9 @@ def _tally_file(
     return tallies, old_side, new_side
 
 
+_LEFT_IN_PLACE = ("function", "class body")
+
+
 def _symbol(tally: _Tally, old: _Side, new: _Side) -> Symbol:
     unit = tally.unit
     old_map = old[1] if old else None
@@ -102,6 +105,12 @@ def _symbol(tally: _Tally, old: _Side, new: _Side) -> Symbol:
         kind, tags = "new method", ["new method", *tags]
     elif in_new and not in_old and unit.kind == "module statement":
         kind, tags = "new constant", ["new constant", *tags]
+    elif in_old and not in_new and unit.kind == "import":
+        pass  # an import line (named by its line): ignored like any import
+    elif in_old and not in_new and "." not in unit.qualname and unit.kind in _LEFT_IN_PLACE:
+        # A module-level function or class the fix deletes: the backport leaves it be (the
+        # fixed code no longer calls it; nothing is looked up from it that was not before).
+        kind, tags = "inert", ["inert: removed upstream, left in place", *tags]
     elif in_old and not in_new:
         kind, tags = "removed", ["removed", *tags]
     elif unit.kind != "comment":
