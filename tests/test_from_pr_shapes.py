@@ -332,3 +332,13 @@ def test_upstreams_invalid_escapes_raise_no_warning_here(recwarn) -> None:
     assert why_inert("f", "function", (old, map_units(old)), (new, map_units(new)))
     assert _new_imports(old, "import os\n" + new) == "import os\n"
     assert not [w for w in recwarn if issubclass(w.category, SyntaxWarning)]
+
+
+def test_a_line_of_an_optional_import_is_an_import() -> None:
+    """A name added to an import inside ``try:`` is an import (ignored: the vendored code
+    reads the name live, and the reads check finds it or refuses), not a module statement
+    no kind carries."""
+    text = "try:\n    from a import (\n        b,\n        c,\n    )\n"
+    text += "except ImportError:\n    b = None\n"
+    units = map_units(text)
+    assert (units.unit(4).kind, units.unit(7).kind) == ("import", "module statement")
