@@ -342,3 +342,20 @@ def test_a_line_of_an_optional_import_is_an_import() -> None:
     text += "except ImportError:\n    b = None\n"
     units = map_units(text)
     assert (units.unit(4).kind, units.unit(7).kind) == ("import", "module statement")
+
+
+def test_a_name_for_a_class_with_slots_is_refused_before_anything_runs(tmp_path) -> None:
+    """Where the installed class defines ``__slots__`` the derivation refuses the added
+    name (a shape), as the kind would at run time."""
+    from backports.megatron.authoring.from_pr.locate import Installed, _added_to_class
+
+    file = tmp_path / "slotted.py"
+    file.write_text(
+        "class Slotted:\n    __slots__ = ('x',)\n\n    def get(self):\n        return 1\n"
+    )
+    installed = Installed("megatron-core", "0.19.2", {"megatron/core/slotted.py": file})
+    symbol = Symbol("megatron/core/slotted.py", "Slotted.extra", "new method", ("new method",), 2)
+    located = _added_to_class(symbol, installed)
+    assert located.status == "drifted" and "defines __slots__" in located.how
+    plain = Symbol("megatron/core/slotted.py", "Slotted.get", "new method", ("new method",), 2)
+    assert "already exists" in _added_to_class(plain, installed).how

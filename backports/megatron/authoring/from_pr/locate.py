@@ -221,8 +221,10 @@ def _added_to_class(symbol: Symbol, installed: Installed) -> Located:
     assert units is not None
     scope = units[1].scope(owner)
     assert scope is not None and isinstance(scope.node, ast.ClassDef)
-    if any(name in _bound_in_class(stmt) for stmt in scope.node.body):
-        how = f"{owner}.{name} already exists in {installed.name} {installed.version}"
+    bound = set().union(*(_bound_in_class(stmt) for stmt in scope.node.body))
+    if name in bound or "__slots__" in bound:
+        why = "already exists" if name in bound else f"cannot be added: {owner} defines __slots__"
+        how = f"{owner}.{name} {why} in {installed.name} {installed.version}"
         return Located(symbol, "drifted", module_of(paths[0]), symbol.qualname, how)
     how = f"added to the installed {owner} at install, removed at revert"
     return Located(symbol, "new", module_of(paths[0]), symbol.qualname, how)
