@@ -43,7 +43,9 @@ upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has
 - #125 (merged): ``get_model_config`` counts its calls in a module counter it adds, through
   a new helper that assigns it (``global``);
 - #126 (merged): deletes the module function ``get_model_xattn`` beside a one-line fix of
-  ``get_model_type``.
+  ``get_model_type``;
+- #127 (merged): adds a backend to the module constant ``_VALID_DSA_KERNEL_BACKENDS`` and
+  rewords the function that reads it.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ DIVISIBILITY = "megatron/core/divisibility.py"
 POST_TRAINING = "megatron/post_training/notes.py"
 TEST_UTILS = "tests/unit_tests/test_utils.py"
 TEST_GELU = "tests/unit_tests/fusions/test_fused_bias_gelu.py"
-NEWEST = 126
+NEWEST = 127
 LIMITS = "megatron/core/limits.json"
 
 DIVIDE = '''\
@@ -544,6 +546,12 @@ def _shapes(b: _Builder, c: dict[str, str], main: str) -> str:
     u = edit(u, f"{model_type})\n", f"{model_type}, return_model_obj=False)\n")
     c["head126"] = _pull(b, 126, main, "no xattn", {UTILS: u})
     c["merge126"] = main = _merge(b, main, 126, "Drop get_model_xattn", c["head126"])
+
+    backends = '_VALID_DSA_KERNEL_BACKENDS = ("none", "tilelang", "cudnn"'
+    u = edit(b.files[main][UTILS], f"{backends})\n", f'{backends}, "flashmla")\n')
+    u = edit(u, '"dsa_kernel_backend must be one of: "', '"dsa_kernel_backend must be one of "')
+    c["head127"] = _pull(b, 127, main, "flashmla", {UTILS: u})
+    c["merge127"] = main = _merge(b, main, 127, "Accept the flashmla backend", c["head127"])
     return main
 
 

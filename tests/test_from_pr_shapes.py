@@ -24,6 +24,7 @@ from backports.megatron.authoring.from_pr.vendor import VendoredCode, _new_impor
 from backports.megatron.kinds import kind_of
 from backports.megatron.kinds.added import AddedAttribute
 from backports.megatron.kinds.install import uninstall
+from backports.megatron.kinds.module_attribute import ModuleAttribute
 from backports.megatron.model import Target
 from tests.from_pr_fixture import UTILS, Upstream, shared
 from tests.installing import install
@@ -226,6 +227,35 @@ def test_module_state_a_carried_helper_keeps_lives_in_the_vendored_module(upstre
     exec(compile(vendored.text, "vendored_125.py", "exec"), module.__dict__)
     assert module._count_config_read() == 1 and module._count_config_read() == 2
     assert module._CONFIG_READS == 2 and not hasattr(utils, "_CONFIG_READS")
+
+
+def test_a_changed_module_constant_is_replaced_through_the_module_attribute_kind(
+    upstream,
+) -> None:
+    """#127 changes a module constant and the function that reads it: the constant is a
+    module-attribute target, replaced on the installed module at install, put back at
+    revert (the very object)."""
+    located, _, _ = _located(upstream, 127)
+    kinds = {loc.symbol.qualname: (loc.symbol.kind, loc.status) for loc in located}
+    assert kinds["_VALID_DSA_KERNEL_BACKENDS"] == ("changed constant", "identical")
+    vendored = _vendor(upstream, 127)
+    assert [(t.attribute, t.added) for t in vendored.added] == [
+        ("_VALID_DSA_KERNEL_BACKENDS", "constant")
+    ]
+    module = types.ModuleType("vendored_127")
+    exec(compile(vendored.text, "vendored_127.py", "exec"), module.__dict__)
+    target = ModuleAttribute(
+        "megatron-core", ("megatron.core.utils",), "_VALID_DSA_KERNEL_BACKENDS"
+    )
+    kind = kind_of(target)
+    original = utils._VALID_DSA_KERNEL_BACKENDS
+    try:
+        install("test-shapes-127", [(target, kind.resolve(target, "test-shapes-127"),
+                                     kind.replacement(target, module))])  # fmt: skip
+        assert utils._VALID_DSA_KERNEL_BACKENDS == ("none", "tilelang", "cudnn", "flashmla")
+    finally:
+        uninstall("test-shapes-127")
+    assert utils._VALID_DSA_KERNEL_BACKENDS is original
 
 
 # ---- same-named targets ---------------------------------------------------------------------

@@ -24,6 +24,14 @@ ADDED = """\
         ),
 """
 
+CONSTANT = """\
+        ModuleAttribute(
+            distribution={distribution!r},
+            modules=({module!r},),
+            attribute={attribute!r},
+        ),
+"""
+
 SNIFF_DONE = '''\
 def _observe(function: Any) -> dict[str, Any]:
     """What ``function`` (the first target's installed original, or its replacement) does

@@ -92,6 +92,20 @@ def _tally_file(
 _LEFT_IN_PLACE = ("function", "class body")
 
 
+def _plain_assignment(side: _Side, name: str) -> bool:
+    """Whether ``name`` is bound at module level by one ``NAME = value`` (a constant a
+    module-attribute target can replace), nothing else binding it."""
+    if side is None or name.startswith("<"):
+        return False
+    binding = [s for s in side[1].tree.body if name in _names_bound(s)]
+    return len(binding) == 1 and isinstance(binding[0], ast.Assign | ast.AnnAssign)
+
+
+def _names_bound(stmt: ast.stmt) -> set[str]:
+    targets = getattr(stmt, "targets", None) or [getattr(stmt, "target", None)]
+    return {t.id for t in targets if isinstance(t, ast.Name)}
+
+
 def _symbol(tally: _Tally, old: _Side, new: _Side) -> Symbol:
     unit = tally.unit
     old_map = old[1] if old else None
@@ -117,6 +131,8 @@ def _symbol(tally: _Tally, old: _Side, new: _Side) -> Symbol:
         why = why_inert(unit.qualname, unit.kind, old, new, (tally.old, tally.new))
         if why is not None:  # dropped from what is carried; the report lists it
             kind, tags = "inert", [f"inert: {why}", *tags]
+        elif unit.kind == "module statement" and _plain_assignment(new, unit.qualname):
+            kind, tags = "changed constant", ["changed constant", *tags]
     return Symbol("", unit.qualname, kind, tuple(tags), tally.lines, None, tuple(tally.inner or ()))
 
 

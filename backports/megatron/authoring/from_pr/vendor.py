@@ -42,7 +42,8 @@ class CarriedTarget:
     merged: bool  # drifted: carried by a three-way merge
     helpers: tuple[str, ...] = ()
     # "method" or "class attribute": a name the fix adds to an installed class (the
-    # added-attribute kind sets it at install); "" for a target that replaces one.
+    # added-attribute kind sets it at install); "constant": a module constant the fix
+    # changes (the module-attribute kind replaces it); "" for a function or method target.
     added: str = ""
     wrap: str = ""  # an added method's binding: "", "staticmethod", "classmethod", "property"
 
@@ -203,7 +204,7 @@ def _plan(
     located: list[Located], clone: Clone, pr: PullRequest, installed: Installed, conflicts: str
 ) -> _Plan:
     plan = _Plan({}, [], [], [], [])
-    helpers, added = [], []
+    helpers, added, constants = [], [], []
     for loc in located:
         symbol = loc.symbol
         if symbol.kind in ("comment", "import", "inert"):
@@ -221,6 +222,13 @@ def _plan(
             )
         elif loc.status == "new":
             helpers.append(loc)
+        elif symbol.kind == "changed constant" and loc.status == "identical":
+            constants.append(loc)
+        elif symbol.kind == "changed constant":
+            raise Refused(
+                f"{symbol.shown} changed since the release ({loc.how}): a changed constant is "
+                "carried only where the installed one is the pull request's base"
+            )
         elif symbol.kind in ("function", "method"):
             merged = loc.status == "drifted"
             key = f"{symbol.path}@{'installed+pr' if merged else pr.new.sha[:12]}"
@@ -256,6 +264,15 @@ def _plan(
         )
     for loc in added:
         _plan_added(plan, loc, clone, pr)
+    for loc in constants:  # replaced on the installed module (the module-attribute kind)
+        assert loc.module is not None
+        key = f"{loc.symbol.path}@{pr.new.sha[:12]}"
+        plan.sources.setdefault(key, clone.text(pr.new.sha, loc.symbol.path) or "")
+        plan.pieces.append(_tool.Piece(key, loc.module, loc.symbol.qualname, carried=True))
+        name = loc.symbol.qualname
+        plan.added.append(
+            CarriedTarget(loc, loc.module, name, name, (), None, False, added="constant")
+        )
     for loc in helpers:
         key = f"{loc.symbol.path}@{pr.new.sha[:12]}"
         plan.sources.setdefault(key, clone.text(pr.new.sha, loc.symbol.path) or "")
