@@ -107,6 +107,24 @@ def test_a_module_function_the_fix_deletes_is_left_in_place(upstream) -> None:
     assert [t.attribute for t in _vendor(upstream, 126).targets] == ["get_model_type"]
 
 
+@pytest.mark.parametrize(
+    ("new", "kind"),
+    [
+        ("def keep():\n    return 1\n", "inert"),  # the class and its method deleted
+        ("class Gone:\n    pass\n\n\ndef keep():\n    return 1\n", "removed"),  # the method only
+    ],
+)
+def test_a_method_deleted_with_its_class_is_left_in_place_one_deleted_alone_is_not(
+    new: str, kind: str
+) -> None:
+    from backports.megatron.authoring.from_pr.symbols import _symbol, _Tally
+    from backports.megatron.authoring.from_pr.units import Unit
+
+    old = "class Gone:\n    def m(self):\n        return 1\n\n\ndef keep():\n    return 1\n"
+    tally = _Tally(Unit("Gone.m", "method", ("method",)), old=True)
+    assert _symbol(tally, (old, map_units(old)), (new, map_units(new))).kind == kind
+
+
 # ---- a method and a class attribute the fix adds ---------------------------------------------
 
 

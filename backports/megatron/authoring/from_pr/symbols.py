@@ -89,7 +89,17 @@ def _tally_file(
     return tallies, old_side, new_side
 
 
-_LEFT_IN_PLACE = ("function", "class body")
+_LEFT_IN_PLACE = ("function", "class body", "method")
+
+
+def _module_level_removal(unit: Unit, new_map: UnitMap | None) -> bool:
+    """A module-level function or class the fix deletes (a method with its whole class):
+    what the backport may leave in place. A method deleted from a class that stays is not
+    (a base class's method would answer in its place)."""
+    if unit.kind not in _LEFT_IN_PLACE or new_map is None:
+        return False
+    owner = unit.qualname.split(".")[0]
+    return "." not in unit.qualname or not _defined(new_map, owner)
 
 
 def _plain_assignment(side: _Side, name: str) -> bool:
@@ -121,7 +131,7 @@ def _symbol(tally: _Tally, old: _Side, new: _Side) -> Symbol:
         kind, tags = "new constant", ["new constant", *tags]
     elif in_old and not in_new and unit.kind == "import":
         pass  # an import line (named by its line): ignored like any import
-    elif in_old and not in_new and "." not in unit.qualname and unit.kind in _LEFT_IN_PLACE:
+    elif in_old and not in_new and _module_level_removal(unit, new_map):
         # A module-level function or class the fix deletes: the backport leaves it be (the
         # fixed code no longer calls it; nothing is looked up from it that was not before).
         kind, tags = "inert", ["inert: removed upstream, left in place", *tags]
