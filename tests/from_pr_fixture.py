@@ -35,7 +35,22 @@ upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has
   ``"fully_parallel_async"``, its rule rewritten from ``!=``/``and`` to ``not in``: the
   naive sniff judges that spelling (stand-ins answer ``!=`` apart from ``in``);
 - #118 (merged): ``round_up_to_nearest_multiple`` keeps the value for a zero multiple, with
-  a CPU test that raises ``ZeroDivisionError`` inside it on the installed code (route a).
+  a CPU test that raises ``ZeroDivisionError`` inside it on the installed code (route a);
+- #121 (merged): a one-line fix of ``round_up_to_nearest_multiple`` (float rounding), with a
+  CPU test, beside inert noise: the module docstring, another function's docstring, a comment,
+  a bare annotation in a plain class;
+- #122 (merged): ``_ValueWithRank.__str__`` calls a method the pull request adds, which reads
+  a class attribute it adds, with a CPU test;
+- #123 (merged): ``is_submodule`` reads a new module constant and a name it newly imports
+  from a module the installed release has;
+- #124 (merged): two ``__init__``s in two modules (``GlobalMemoryBuffer``'s and
+  ``LayerWiseDistributedOptimizer``'s) each set one more attribute;
+- #125 (merged): ``get_model_config`` counts its calls in a module counter it adds, through
+  a new helper that assigns it (``global``);
+- #126 (merged): deletes the module function ``get_model_xattn`` beside a one-line fix of
+  ``get_model_type``;
+- #127 (merged): adds a backend to the module constant ``_VALID_DSA_KERNEL_BACKENDS`` and
+  rewords the function that reads it.
 """
 
 from __future__ import annotations
@@ -56,7 +71,7 @@ POST_TRAINING = "megatron/post_training/notes.py"
 TEST_UTILS = "tests/unit_tests/test_utils.py"
 TEST_GELU = "tests/unit_tests/fusions/test_fused_bias_gelu.py"
 TASD = "megatron/core/dist_checkpointing/tensor_aware_state_dict.py"
-NEWEST = 118
+NEWEST = 127
 LIMITS = "megatron/core/limits.json"
 
 DIVIDE = '''\
@@ -455,9 +470,125 @@ def build(root: Path) -> Upstream:
     c["head118"] = _pull(b, 118, main, "zero multiple", {UTILS: u, TEST_UTILS: t})
     c["merge118"] = main = _merge(b, main, 118, "Round up to a zero multiple", c["head118"])
 
+    main = _shapes(b, c, main)
     b.ref("refs/heads/main", main)
     b.repo.git.checkout("--quiet", "--force", "main")
     return Upstream(root, b.repo, c)
+
+
+ROUND_UP = "    return math.ceil(value / multiple) * multiple\n"
+ROUND_UP_FIXED = "    return -(-value // multiple) * multiple\n"
+TEST_ROUND_UP = """
+
+def test_round_up_keeps_big_integers_exact():
+    from megatron.core.utils import round_up_to_nearest_multiple
+
+    assert round_up_to_nearest_multiple(2**53 + 1, 1) == 2**53 + 1
+"""
+SHOWN_VALUE = (
+    "    def _shown_value(self) -> str:\n"
+    "        if self._unit in self._PLAIN_UNITS:\n"
+    "            return str(self._value)\n"
+    '        return f"{self._value:.2f}"\n\n'
+)
+TEST_SHOWN_VALUE = """
+
+def test_a_value_without_a_unit_is_shown_as_it_is():
+    from megatron.core.utils import _ValueWithRank
+
+    assert str(_ValueWithRank(3, 0)) == "3/0"
+"""
+
+
+COUNTER = """\
+_CONFIG_READS = 0
+
+
+def _count_config_read():
+    global _CONFIG_READS
+    _CONFIG_READS += 1
+    return _CONFIG_READS
+
+
+"""
+
+
+def _shapes(b: _Builder, c: dict[str, str], main: str) -> str:
+    """#121-#123: the shapes small fixes have (inert noise, a new method and class
+    attribute, a new constant and import); main's new tip."""
+    # #121 branches off before #118 (which changed the same two-line function): its diff is
+    # against the text the installed release has, and #118's zero-multiple test is not in
+    # the file #121's own test run executes. Its squash merge leaves #118's change out of
+    # main's tip (the fixture's later pull requests never read it).
+    base = c.get("merge117", main)
+    u = b.files[base][UTILS]
+    u = edit(u, ROUND_UP, ROUND_UP_FIXED)
+    u = edit(u, '"""Utility functions used throughout Megatron core"""',
+             '"""Utility functions used throughout Megatron core."""')  # fmt: skip
+    u = edit(u, "    Check if a module is a submodule of another module.\n",
+             "    Whether a module is a submodule of another module.\n")  # fmt: skip
+    u = edit(u, "def get_model_type(model):\n",
+             "def get_model_type(model):\n    # The model's type, wrapped or not.\n")  # fmt: skip
+    u = edit(u, "    def __init__(self):\n        self.buffer = {}\n",
+             "    buffer: dict\n\n    def __init__(self):\n        self.buffer = {}\n")  # fmt: skip
+    t = b.files[base][TEST_UTILS] + TEST_ROUND_UP
+    c["head121"] = _pull(b, 121, base, "round up", {UTILS: u, TEST_UTILS: t})
+    c["merge121"] = main = _merge(b, main, 121, "Round up big integers exactly", c["head121"])
+
+    u = b.files[main][UTILS]
+    u = edit(u, '        return f"{self._value:.2f}{self._unit}/{self._rank}"\n',
+             '        return f"{self._shown_value()}{self._unit}/{self._rank}"\n')  # fmt: skip
+    u = edit(u, "    def __str__(self) -> str:\n", SHOWN_VALUE + "    def __str__(self) -> str:\n")
+    docstring_end = '        _unit (str) : unit for the value\n    """\n'
+    u = edit(u, docstring_end, docstring_end + '\n    _PLAIN_UNITS = ("",)\n')
+    t = b.files[main][TEST_UTILS] + TEST_SHOWN_VALUE
+    c["head122"] = _pull(b, 122, main, "plain values", {UTILS: u, TEST_UTILS: t})
+    c["merge122"] = main = _merge(b, main, 122, "Show a value without unit plainly", c["head122"])
+
+    u = b.files[main][UTILS]
+    u = edit(u, "import array\n", "import array\nfrom functools import partial as _partial\n")
+    u = edit(u, "def is_submodule(module, parent_module, strict=True):\n",
+             "_STRICT_DEFAULT = True\n\n\n"
+             "def is_submodule(module, parent_module, strict=None):\n")  # fmt: skip
+    u = edit(u, "    if strict:\n        if module is parent_module:",
+             "    if _partial(bool, _STRICT_DEFAULT if strict is None else strict)():\n"
+             "        if module is parent_module:")  # fmt: skip
+    c["head123"] = _pull(b, 123, main, "strict default", {UTILS: u})
+    c["merge123"] = main = _merge(b, main, 123, "A default for is_submodule", c["head123"])
+
+    init = "    def __init__(self):\n"
+    u = edit(b.files[main][UTILS], f"{init}        self.buffer = {{}}\n",
+             f"{init}        self.hits = 0\n        self.buffer = {{}}\n")  # fmt: skip
+    lw = edit(b.files[main][LAYERWISE], "        super().__init__(optimizers)\n",
+              "        super().__init__(optimizers)\n        self.hits = 0\n")  # fmt: skip
+    c["head124"] = _pull(b, 124, main, "hits", {UTILS: u, LAYERWISE: lw})
+    c["merge124"] = main = _merge(b, main, 124, "Count hits", c["head124"])
+
+    u = edit(
+        b.files[main][UTILS],
+        "def get_model_config(model):\n",
+        COUNTER + "def get_model_config(model):\n",
+    )
+    u = edit(u, '    return get_attr_wrapped_model(model, "config", allow_none=False)\n',
+             '    _count_config_read()\n'
+             '    return get_attr_wrapped_model(model, "config", allow_none=False)\n')  # fmt: skip
+    c["head125"] = _pull(b, 125, main, "count", {UTILS: u})
+    c["merge125"] = main = _merge(b, main, 125, "Count config reads", c["head125"])
+
+    u = b.files[main][UTILS]
+    start_at = u.index("def get_model_xattn(model):")
+    u = u[:start_at] + u[u.index("_CONFIG_READS = 0", start_at) :]
+    model_type = '    return get_attr_wrapped_model(model, "model_type"'
+    u = edit(u, f"{model_type})\n", f"{model_type}, return_model_obj=False)\n")
+    c["head126"] = _pull(b, 126, main, "no xattn", {UTILS: u})
+    c["merge126"] = main = _merge(b, main, 126, "Drop get_model_xattn", c["head126"])
+
+    backends = '_VALID_DSA_KERNEL_BACKENDS = ("none", "tilelang", "cudnn"'
+    u = edit(b.files[main][UTILS], f"{backends})\n", f'{backends}, "flashmla")\n')
+    u = edit(u, '"dsa_kernel_backend must be one of: "', '"dsa_kernel_backend must be one of "')
+    c["head127"] = _pull(b, 127, main, "flashmla", {UTILS: u})
+    c["merge127"] = main = _merge(b, main, 127, "Accept the flashmla backend", c["head127"])
+    return main
 
 
 _BUILT: dict[str, Upstream] = {}

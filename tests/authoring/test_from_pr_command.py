@@ -75,9 +75,9 @@ def test_a_pull_request_newer_than_the_clone_is_one_line_and_nothing_written(
     assert _new(upstream, NEWEST + 1, dest) == 1
     out, err = capsys.readouterr()
     assert err.splitlines() == [
-        f"backports new: #{NEWEST + 1} is newer than this clone (its newest pull ref is "
-        f"#{NEWEST}): fetch it first (git fetch origin pull/{NEWEST + 1}/head:refs/pull/"
-        f"{NEWEST + 1}/head); "
+        f"backports new: [not-in-clone] #{NEWEST + 1} is newer than this clone (its newest "
+        f"pull ref is #{NEWEST}): fetch it first (git fetch origin pull/{NEWEST + 1}/head:"
+        f"refs/pull/{NEWEST + 1}/head); "
         "nothing written"
     ]
     assert out == f"{CHILDREN_NOTICE}\n" and not dest.exists()
@@ -87,7 +87,8 @@ def test_a_fix_over_the_budget_is_refused_with_its_figures(upstream, tmp_path, c
     dest = tmp_path / "plugin"
     assert _new(upstream, 104, dest, "--keep-unfinished") == 1
     out, err = capsys.readouterr()
-    assert "too big to carry" in err and "9 symbols > 8" in err and "nothing written" in err
+    assert err.startswith("backports new: [over-budget] over the size budget: 10 carried symbols")
+    assert "(limit 8)" in err and "nothing written" in err
     assert "pull request #104" in out  # what was derived up to the refusal
     assert out.splitlines()[0] == CHILDREN_NOTICE  # said first, whatever comes after
     assert not dest.exists()
@@ -110,7 +111,7 @@ def test_a_non_python_file_of_the_fix_under_megatron_is_refused(upstream, tmp_pa
     said = "other files it changes, not carried (docs, configs, test helpers): "
     assert f"{said}megatron/core/limits.json" in out
     assert err.splitlines() == [
-        "backports new: #115 also changes megatron/core/limits.json, and --from-pr carries "
+        "backports new: [shape] #115 also changes megatron/core/limits.json, and --from-pr carries "
         "Python functions only: the backport would lack that part of the fix; write it by "
         "hand (backports new --pr 115 --repo ... --target ...); nothing written"
     ]
@@ -131,7 +132,7 @@ def test_a_conflict_shows_its_hunk_and_writes_nothing(upstream, tmp_path, capsys
     err = capsys.readouterr().err
     first, *hunk = err.splitlines()
     assert "GeLUFunction.backward: 1 hunk(s) of the pull request do not apply" in first
-    assert first.endswith("nothing written")
+    assert first.endswith("nothing written") and first.startswith("backports new: [conflict] ")
     assert "  <<<<<<< installed" in hunk and "  >>>>>>> pull request" in hunk
     assert not dest.exists()
 

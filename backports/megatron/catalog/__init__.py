@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import BackportError
+from ..kinds.added import AddedAttribute
 from ..kinds.constructor import Constructor
 from ..kinds.import_guard import ImportGuard
 from ..kinds.module_attribute import ModuleAttribute
@@ -36,6 +37,7 @@ if TYPE_CHECKING:  # plugins are loaded on first use, never when this package is
 
 __all__ = [
     "CATALOG",
+    "AddedAttribute",
     "BackportSpec",
     "Constructor",
     "Copy",

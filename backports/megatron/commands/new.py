@@ -114,7 +114,9 @@ def _from_pr(args: argparse.Namespace) -> int:
         first, *rest = str(exc).splitlines()
         written = "" if exc.exit_code != 1 else "; nothing written"
         where = sys.stdout if exc.exit_code == 0 else sys.stderr  # nothing to do: no error
-        print(f"backports new: {first.rstrip(':')}{written}", file=where)
+        # A refusal's named reason leads (docs/from-pr.md gives each one's next step).
+        named = f"[{exc.reason.code}] " if exc.exit_code == 1 and exc.reason else ""
+        print(f"backports new: {named}{first.rstrip(':')}{written}", file=where)
         for line in rest:  # a merge conflict's hunk
             print(f"  {line}", file=sys.stderr)
         return exc.exit_code

@@ -168,6 +168,7 @@ _KINDS = {
     "ImportGuard": "import_guard",
     "ModuleAttribute": "module_attribute",
     "Constructor": "constructor",
+    "AddedAttribute": "added",
 }
 
 

@@ -325,7 +325,7 @@ def _render_piece(
     node = ast.parse(segment).body[0]
     if isinstance(node, ast.FunctionDef):
         _check_reserved(node)
-        reads = global_reads(node, local)
+        reads = global_reads(node, local, frozenset(own))
         live = [n for n in reads.live if n.id not in own]
         used, stuck, lazy = reads.imports, reads.at_definition - own, reads.in_annotations
     else:

@@ -248,12 +248,18 @@ class GlobalReads:
     in_annotations: bool  # the signature's annotations name module globals: keep them lazy
 
 
-def global_reads(func: ast.FunctionDef, names: ModuleNames) -> GlobalReads:
-    """What ``func`` reads from its module (``names``); assigning a module global is refused."""
+def global_reads(
+    func: ast.FunctionDef, names: ModuleNames, own: frozenset[str] = frozenset()
+) -> GlobalReads:
+    """What ``func`` reads from its module (``names``); assigning a module global is refused,
+    except one of ``own``: state the vendored module itself carries (a counter or a pool the
+    pull request adds beside its helper), which lives there and nowhere else."""
     live: list[ast.Name] = []
     used_imports: set[str] = set()
     scope, inner = _new_scope(func)
     for node in (n for part in inner for n in _global_names(part, [scope])):
+        if not isinstance(node.ctx, ast.Load) and node.id in own:
+            continue
         if not isinstance(node.ctx, ast.Load):
             raise RewriteError(
                 f"{func.name} assigns the module global {node.id!r}; only reads can be vendored"

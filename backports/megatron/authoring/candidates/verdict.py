@@ -6,7 +6,7 @@ merge runs; whether a sniff and the proof succeed only ``--derive`` finds out.
 """
 
 from ..from_pr.budget import check_budget
-from ..from_pr.errors import FromPrError
+from ..from_pr.errors import FromPrError, Reason
 from ..from_pr.merge import merge_symbol
 from ..from_pr.model import Located, Symbol
 from ..from_pr.symbols import Changes
@@ -66,9 +66,10 @@ def from_pr_verdict(
         return FromPrVerdict("present", "the installed release already has it: nothing to carry")
     try:
         figures = str(check_budget(_located(changes.symbols, states)))
-    except FromPrError as exc:
-        return FromPrVerdict("too big", str(exc).splitlines()[0])
-    compared = [s for s in states if s.kind not in ("comment", "import")]
+    except FromPrError as exc:  # over the size budget, or a change no kind carries
+        verdict = "too big" if exc.reason is Reason.OVER_BUDGET else "no swap"
+        return FromPrVerdict(verdict, str(exc).splitlines()[0])
+    compared = [s for s in states if s.kind not in ("comment", "import", "inert")]
     absent = [s for s in compared if s.state == "absent"]
     if absent:
         shown = f"{absent[0].path}::{absent[0].qualname}"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput, Refused
+from .errors import BadInput, Reason, Refused
 
 _SHA = re.compile(r"[0-9a-f]{40}")
 _PULL_HEAD = re.compile(r"refs/pull/(\d+)/head")
@@ -138,7 +138,8 @@ class Clone:
         if blob.size > MAX_SOURCE_BYTES:
             raise Refused(
                 f"{path} at {sha[:12]} is {blob.size / 2**20:.1f} MB, over the "
-                f"{MAX_SOURCE_BYTES // 2**20} MB a source file --from-pr reads may have"
+                f"{MAX_SOURCE_BYTES // 2**20} MB a source file --from-pr reads may have",
+                Reason.UNREADABLE,
             )
         return str(blob.data_stream.read().decode("utf-8", errors="replace"))
 

@@ -25,7 +25,7 @@ from . import _tool, child
 from .budget import check_budget
 from .clone import Clone, open_clone
 from .derivation import Derivation, Names
-from .errors import AlreadyPresent, BadInput, FromPrError, NotProven, TooBig
+from .errors import AlreadyPresent, BadInput, FromPrError, NotProven, Reason, TooBig
 from .locate import installed_distribution, locate, refuse_uncarried_files
 from .merge import Conflict
 from .model import Located, PullRequest
@@ -180,7 +180,10 @@ def _derive(d: Derivation, number: int, scratch: Path, staging: Path, keep: bool
         tried = "; ".join(
             f"{name}: {' / '.join(r.get('tried', []))}" for name, r in sniffed.results.items()
         )
-        raise NotProven(f"no route tells the installed code from the fixed one on CPU ({tried})")
+        raise NotProven(
+            f"no route tells the installed code from the fixed one on CPU ({tried})",
+            Reason.NO_ROUTE,
+        )
     if sniffed_targets[0] != vendored.targets[0].attribute:
         d.vendored = vendor(
             d.located, clone, pr, installed, repo_url=d.repo_url, first=sniffed_targets[0]

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .clone import Clone
-from .errors import BadInput, Refused
+from .errors import BadInput, Reason, Refused
+from .inert import same_code
 from .model import Located, PullRequest, Symbol
 from .units import UnitMap, map_units
 
@@ -159,9 +160,15 @@ def installed_distribution(name: str = DISTRIBUTION) -> Installed:
 def _compare(symbol: Symbol, base: str, installed_text: str, where: str, how: str) -> Located:
     same = _same(base, installed_text)
     module = module_of(where)
+    if same is None and same_code(base, installed_text):  # another docstring: no drift
+        same = "docstrings"
     if same is None:
         return Located(symbol, "drifted", module, symbol.qualname, how)
-    note = () if same == "text" else ("the same code, formatted differently",)
+    note = {
+        "text": (),
+        "code": ("the same code, formatted differently",),
+        "docstrings": ("the same code, docstrings and comments aside",),
+    }[same]
     return Located(symbol, "identical", module, symbol.qualname, how, note)
 
 
@@ -178,8 +185,12 @@ def _elsewhere(symbol: Symbol, base: str, installed: Installed) -> Located | Non
 
 
 def locate_one(symbol: Symbol, clone: Clone, pr: PullRequest, installed: Installed) -> Located:
+    if symbol.kind == "inert":  # dropped: nothing of it is carried, nothing to find
+        return Located(symbol, "inert", how=symbol.tags[0])
     if symbol.kind in ("new helper", "new constant"):
         return Located(symbol, "new", module_of(symbol.path), symbol.qualname, "added here")
+    if symbol.kind in ("new method", "new class attribute"):
+        return _added_to_class(symbol, installed)
     if not any(p.startswith(_package_root(symbol.path)) for p in installed.files):
         why = f"{symbol.path} is not part of {installed.name}"
         return Located(symbol, "not shipped", how=why)
@@ -195,6 +206,35 @@ def locate_one(symbol: Symbol, clone: Clone, pr: PullRequest, installed: Install
     if found is not None:
         return found
     return Located(symbol, "absent", how=f"not in {installed.name} {installed.version}")
+
+
+def _added_to_class(symbol: Symbol, installed: Installed) -> Located:
+    """A method or class attribute the pull request adds: "new" where the installed
+    release has its class (the backport adds the name to it), "absent" where it has not."""
+    owner, _, name = symbol.qualname.rpartition(".")
+    path = symbol.old_path or symbol.path
+    found = installed.parsed(path)
+    paths = [path] if found and found[1].scope(owner) else installed.defining(owner)
+    if not paths:
+        return Located(symbol, "absent", how=f"its class {owner} is not in {installed.name}")
+    units = installed.parsed(paths[0])
+    assert units is not None
+    scope = units[1].scope(owner)
+    assert scope is not None and isinstance(scope.node, ast.ClassDef)
+    bound = set().union(*(_bound_in_class(stmt) for stmt in scope.node.body))
+    if name in bound or "__slots__" in bound:
+        why = "already exists" if name in bound else f"cannot be added: {owner} defines __slots__"
+        how = f"{owner}.{name} {why} in {installed.name} {installed.version}"
+        return Located(symbol, "drifted", module_of(paths[0]), symbol.qualname, how)
+    how = f"added to the installed {owner} at install, removed at revert"
+    return Located(symbol, "new", module_of(paths[0]), symbol.qualname, how)
+
+
+def _bound_in_class(stmt: ast.stmt) -> set[str]:
+    if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return {stmt.name}
+    targets = getattr(stmt, "targets", None) or [getattr(stmt, "target", None)]
+    return {t.id for t in targets if isinstance(t, ast.Name)}
 
 
 def _package_root(path: str) -> str:
@@ -220,5 +260,6 @@ def refuse_uncarried_files(paths: tuple[str, ...], installed: Installed, number:
             raise Refused(
                 f"#{number} also changes {path}, and --from-pr carries Python functions only: "
                 f"the backport would lack that part of the fix; write it by hand "
-                f"(backports new --pr {number} --repo ... --target ...)"
+                f"(backports new --pr {number} --repo ... --target ...)",
+                Reason.SHAPE,
             )

@@ -11,13 +11,15 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .errors import NotProven
+from .errors import NotProven, Reason
 
 _MARKERS = ("<<<<<<< ", "||||||| ", "=======", ">>>>>>> ")
 
 
 class Conflict(NotProven):
     """A hunk of the pull request does not apply to the installed text (shown)."""
+
+    default_reason = Reason.CONFLICT
 
     def base_lines(self) -> list[str]:
         """The pull request's base side of the first conflicting hunk (diff3's middle)."""

@@ -31,7 +31,17 @@ class PullRequest:
 
 
 # Shapes a function swap carries; any other changed symbol is outside what a backport holds.
-CARRIABLE = frozenset({"function", "method", "new helper", "new constant"})
+CARRIABLE = frozenset(
+    {
+        "function",
+        "method",
+        "new helper",
+        "new constant",
+        "new method",
+        "new class attribute",
+        "changed constant",
+    }
+)
 
 
 @dataclass(frozen=True)

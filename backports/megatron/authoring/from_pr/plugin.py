@@ -143,7 +143,26 @@ def _entry(d: Derivation) -> str:
         )
         for t in v.targets
     )
+    targets += "".join(
+        plugin_texts.CONSTANT.format(
+            distribution="megatron-core", module=t.module, attribute=t.attribute
+        )
+        if t.added == "constant"
+        else plugin_texts.ADDED.format(
+            distribution="megatron-core",
+            module=t.module,
+            attribute=t.attribute,
+            replacement=t.replacement,
+            wrap=t.wrap,
+        )
+        for t in v.added  # after the targets: the first target leads (its module, its sniff)
+    )
+    kinds = {"constant": "ModuleAttribute", "method": "AddedAttribute"}
+    kinds["class attribute"] = "AddedAttribute"
+    used = sorted({kinds[t.added] for t in v.added})
+    names = [*used, "BackportSpec", "SniffResult", "Target", "VendoredRef"]
     return plugin_texts.ENTRY.format(
+        catalog_names=", ".join(names),
         repo_name=d.repo_name,
         pr=d.pr.number,
         title_doc=_title_doc(d.title),

@@ -14,6 +14,24 @@ TARGET = """\
         ),
 """
 
+ADDED = """\
+        AddedAttribute(
+            distribution={distribution!r},
+            modules=({module!r},),
+            attribute={attribute!r},
+            replacement={replacement!r},
+            wrap={wrap!r},
+        ),
+"""
+
+CONSTANT = """\
+        ModuleAttribute(
+            distribution={distribution!r},
+            modules=({module!r},),
+            attribute={attribute!r},
+        ),
+"""
+
 SNIFF_DONE = '''\
 def _observe(function: Any) -> dict[str, Any]:
     """What ``function`` (the first target's installed original, or its replacement) does
@@ -76,7 +94,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from backports.megatron.catalog import BackportSpec, SniffResult, Target, VendoredRef
+from backports.megatron.catalog import {catalog_names}
 from backports.megatron.private_globals import with_globals
 
 from . import _standin{tests_import}

@@ -12,7 +12,7 @@ from .model import Located, PullRequest
 from .units import map_units
 
 # Kinds that change nothing a swap carries (a comment, an import line): they do not vote.
-_INERT = ("comment", "import")
+_INERT = ("comment", "import", "inert")
 
 
 def _fixed_text(loc: Located, clone: Clone, pr: PullRequest) -> str | None:

@@ -25,13 +25,15 @@ def _located(d: Derivation) -> list[str]:
     routes = d.sniffed.results if d.sniffed else {}
     for loc in d.located:
         symbol = loc.symbol
-        if symbol.kind in ("comment", "import"):
+        if symbol.kind in ("comment", "import", "inert"):
             continue
         where = {
             "identical": "identical to the pull request's base",
             "drifted": "drifted since the base: only this pull request's hunks merged in",
             "new": "new: carried along",
         }.get(loc.status, f"{loc.status}: {loc.how}")
+        if loc.status == "new" and symbol.kind in ("new method", "new class attribute"):
+            where = f"new: {loc.how}"
         if loc.how and loc.status in ("identical", "drifted") and loc.how != "same path":
             where += f" ({loc.how})"
         line = f"  {symbol.shown}  [{', '.join(symbol.tags)}]  {where}"
@@ -40,6 +42,15 @@ def _located(d: Derivation) -> list[str]:
             line += f"; sniff: route {result['route']}" if result.get("route") else "; not sniffed"
         lines.append(line)
     return lines
+
+
+def _inert(d: Derivation) -> list[str]:
+    """The changes dropped as inert: listed, so a reader sees nothing was lost."""
+    dropped = [loc.symbol for loc in d.located if loc.symbol.kind == "inert"]
+    if not dropped:
+        return []
+    lines = [f"dropped as inert (nothing at run time), {len(dropped)}:"]
+    return lines + [f"  {s.shown}  [{s.tags[0].removeprefix('inert: ')}]" for s in dropped]
 
 
 def _sniff(d: Derivation) -> list[str]:
@@ -99,6 +110,7 @@ def report_lines(d: Derivation) -> list[str]:
         figures = f": {d.figures}" if d.figures else ""
         lines.append(f"symbols{figures} (budget: {BUDGET})")
         lines += _located(d)
+        lines += _inert(d)
     if d.vendored is not None:
         for why in d.vendored.left_out:
             lines.append(f"  left out: {why}")

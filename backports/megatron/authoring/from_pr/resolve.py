@@ -21,7 +21,7 @@ A number above the clone's newest pull ref is refused in one line: the clone pre
 import re
 
 from .clone import Clone
-from .errors import BadInput, FromPrError, Refused
+from .errors import BadInput, FromPrError, Reason, Refused
 from .model import Commit, PullRequest
 
 
@@ -39,7 +39,8 @@ def _no_head_nor_merge(clone: Clone, number: int, main: str) -> FromPrError:
     if known and number > known[-1]:
         return Refused(
             f"#{number} is newer than this clone (its newest pull ref is #{known[-1]}): "
-            f"fetch it first ({fetch})"
+            f"fetch it first ({fetch})",
+            Reason.NOT_IN_CLONE,
         )
     return BadInput(
         f"#{number} is not merged into {main} in {clone.path}, and an open pull request needs "
@@ -85,12 +86,14 @@ def _base(clone: Clone, head: Commit | None, merge: Commit | None, main: str) ->
     if merge is not None:
         parents = clone.parents(merge.sha)
         if not parents:
-            raise Refused(f"the merge {merge.sha} has no parent to diff against")
+            raise Refused(
+                f"the merge {merge.sha} has no parent to diff against", Reason.NOT_IN_CLONE
+            )
         return Commit("base", parents[0], True, "merge^ (the squash merge's parent)")
     assert head is not None  # resolve_pull_request refuses neither merged nor fetched
     sha = clone.merge_base(head.sha, main)
     if sha is None:
-        raise Refused(f"refs/pull/{head.how} shares no history with {main}")
+        raise Refused(f"refs/pull/{head.how} shares no history with {main}", Reason.NOT_IN_CLONE)
     return Commit("base", sha, True, f"merge-base(head, {main}) (the pull request is open)")
 
 

@@ -8,6 +8,7 @@ def or class is a module statement (an import, an assignment, a comment).
 
 import ast
 import functools
+import warnings
 from dataclasses import dataclass
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -111,9 +112,17 @@ def _function_unit(scope: Scope, tree: ast.Module) -> Unit:
     return Unit(scope.qualname, kind, tuple(dict.fromkeys(tags)))
 
 
+def _import_around(stmt: ast.stmt, line: int) -> ast.stmt | None:
+    """The import ``line`` is in: ``stmt`` itself, or one inside its ``try``/``if`` (an
+    optional import): either binds a name, which the vendored code reads or repeats."""
+    imports = [n for n in ast.walk(stmt) if isinstance(n, ast.Import | ast.ImportFrom)]
+    return next((n for n in imports if n.lineno <= line <= (n.end_lineno or n.lineno)), None)
+
+
 def _statement_unit(stmt: ast.stmt, line: int) -> Unit:
-    if isinstance(stmt, ast.Import | ast.ImportFrom):
-        return Unit(f"<import:{stmt.lineno}>", "import", ("import",))
+    imported = _import_around(stmt, line)
+    if imported is not None:
+        return Unit(f"<import:{imported.lineno}>", "import", ("import",))
     names = []
     targets = getattr(stmt, "targets", None) or [getattr(stmt, "target", None)]
     for target in targets:
@@ -161,6 +170,9 @@ class UnitMap:
 
 @functools.lru_cache(maxsize=16)  # read only; `candidates` maps one file's text many times
 def map_units(text: str) -> UnitMap:
-    """``text`` parsed; a SyntaxError propagates (the caller names the file)."""
-    tree = ast.parse(text)
+    """``text`` parsed; a SyntaxError propagates (the caller names the file). Quietly:
+    upstream's invalid escapes (a SyntaxWarning) are not the user's to read."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        tree = ast.parse(text)
     return UnitMap(tree, _scopes(tree))

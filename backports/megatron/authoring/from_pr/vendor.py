@@ -13,12 +13,14 @@ an installed module must be there, or nothing is written.
 """
 
 import ast
+import dataclasses
 import re
+import warnings
 from dataclasses import dataclass, field
 
 from . import _tool
 from .clone import Clone
-from .errors import NotProven, Refused
+from .errors import NotProven, Reason, Refused
 from .locate import Installed, module_of, segment
 from .merge import Conflict, merge_symbol
 from .model import Located, PullRequest, Symbol
@@ -39,6 +41,11 @@ class CarriedTarget:
     decorator: str | None  # "module:name" of the decorator the installed one carries
     merged: bool  # drifted: carried by a three-way merge
     helpers: tuple[str, ...] = ()
+    # "method" or "class attribute": a name the fix adds to an installed class (the
+    # added-attribute kind sets it at install); "constant": a module constant the fix
+    # changes (the module-attribute kind replaces it); "" for a function or method target.
+    added: str = ""
+    wrap: str = ""  # an added method's binding: "", "staticmethod", "classmethod", "property"
 
     @property
     def upstream(self) -> str:
@@ -56,10 +63,13 @@ class VendoredCode:
     reads_from: dict[str, tuple[str, ...]]
     segment: str  # upstream's text of the pieces (what upstream_sha256 hashes)
     left_out: tuple[str, ...]  # symbols not carried, each with why
+    added: tuple[CarriedTarget, ...] = ()  # names the fix adds to installed classes
 
     @property
     def origin(self) -> str:
-        return "handwritten" if any(t.merged for t in self.targets) else "synced"
+        # A class attribute is written beside upstream's pieces: no sync re-renders it.
+        written = any(t.added == "class attribute" for t in self.added)
+        return "handwritten" if written or any(t.merged for t in self.targets) else "synced"
 
 
 def _installed_def(installed: Installed, module: str, qualname: str) -> ast.FunctionDef:
@@ -68,7 +78,9 @@ def _installed_def(installed: Installed, module: str, qualname: str) -> ast.Func
     assert found is not None
     scope = found[1].scope(qualname)
     if scope is None or not isinstance(scope.node, ast.FunctionDef):
-        raise NotProven(f"{module}.{qualname} is not a def in the installed code")
+        raise NotProven(
+            f"{module}.{qualname} is not a def in the installed code", Reason.OUTSIDE_RELEASE
+        )
     return scope.node
 
 
@@ -141,7 +153,25 @@ def _merged_source(loc: Located, clone: Clone, pr: PullRequest, installed: Insta
     scope = units.scope(loc.qualname)
     assert scope is not None
     lines = text.splitlines(keepends=True)
-    return "".join(lines[: scope.first - 1]) + merged + "".join(lines[scope.last :])
+    imports = _new_imports(base_text, new_text)
+    return "".join(lines[: scope.first - 1]) + imports + merged + "".join(lines[scope.last :])
+
+
+def _import_texts(text: str) -> list[str]:
+    with warnings.catch_warnings():  # upstream's invalid escapes are not ours to warn of
+        warnings.simplefilter("ignore", SyntaxWarning)
+        tree = ast.parse(text)
+    found = [s for s in tree.body if isinstance(s, ast.Import | ast.ImportFrom)]
+    return [ast.get_source_segment(text, s) or ast.unparse(s) for s in found]
+
+
+def _new_imports(base_text: str, new_text: str) -> str:
+    """The module-level imports the pull request adds, as lines: a drifted symbol is merged
+    into the installed text, which lacks them, and the fixed code may use them (the
+    vendored module repeats them; a ``megatron`` name is a live look-up the reads check
+    finds on the installed release, or refuses)."""
+    had = set(_import_texts(base_text))
+    return "".join(f"{line}\n" for line in _import_texts(new_text) if line not in had)
 
 
 @dataclass
@@ -152,6 +182,8 @@ class _Plan:
     carried: list[str]
     left_out: list[str]
     decorators: dict[str, list[str]] = field(default_factory=dict)
+    added: list[CarriedTarget] = field(default_factory=list)
+    attributes: list[str] = field(default_factory=list)  # class attribute lines to append
 
 
 def _undecorated(source: str, name: str) -> tuple[str, list[str]]:
@@ -172,17 +204,31 @@ def _plan(
     located: list[Located], clone: Clone, pr: PullRequest, installed: Installed, conflicts: str
 ) -> _Plan:
     plan = _Plan({}, [], [], [], [])
-    helpers = []
+    helpers, added, constants = [], [], []
     for loc in located:
         symbol = loc.symbol
-        if symbol.kind in ("comment", "import"):
+        if symbol.kind in ("comment", "import", "inert"):
             continue
         if loc.status == "not shipped":
             plan.left_out.append(f"{symbol.shown}: {loc.how}")
+        elif symbol.kind in _ADDED and loc.status == "new":
+            added.append(loc)
+        elif symbol.kind in _ADDED:
+            raise Refused(f"{symbol.shown}: {loc.how}; the fix adds it: check by hand")
         elif loc.status == "absent":
-            raise NotProven(f"{symbol.shown} is {loc.how}: there is nothing installed to patch")
+            raise NotProven(
+                f"{symbol.shown} is {loc.how}: there is nothing installed to patch",
+                Reason.OUTSIDE_RELEASE,
+            )
         elif loc.status == "new":
             helpers.append(loc)
+        elif symbol.kind == "changed constant" and loc.status == "identical":
+            constants.append(loc)
+        elif symbol.kind == "changed constant":
+            raise Refused(
+                f"{symbol.shown} changed since the release ({loc.how}): a changed constant is "
+                "carried only where the installed one is the pull request's base"
+            )
         elif symbol.kind in ("function", "method"):
             merged = loc.status == "drifted"
             key = f"{symbol.path}@{'installed+pr' if merged else pr.new.sha[:12]}"
@@ -212,7 +258,21 @@ def _plan(
             plan.decorators[target.upstream] = texts
     if not plan.targets:
         left = f" (left out: {'; '.join(plan.left_out)})" if plan.left_out else ""
-        raise NotProven(f"the pull request changes no installed function or method to swap{left}")
+        raise NotProven(
+            f"the pull request changes no installed function or method to swap{left}",
+            Reason.OUTSIDE_RELEASE,
+        )
+    for loc in added:
+        _plan_added(plan, loc, clone, pr)
+    for loc in constants:  # replaced on the installed module (the module-attribute kind)
+        assert loc.module is not None
+        key = f"{loc.symbol.path}@{pr.new.sha[:12]}"
+        plan.sources.setdefault(key, clone.text(pr.new.sha, loc.symbol.path) or "")
+        plan.pieces.append(_tool.Piece(key, loc.module, loc.symbol.qualname, carried=True))
+        name = loc.symbol.qualname
+        plan.added.append(
+            CarriedTarget(loc, loc.module, name, name, (), None, False, added="constant")
+        )
     for loc in helpers:
         key = f"{loc.symbol.path}@{pr.new.sha[:12]}"
         plan.sources.setdefault(key, clone.text(pr.new.sha, loc.symbol.path) or "")
@@ -220,6 +280,80 @@ def _plan(
         plan.pieces.append(_tool.Piece(key, module, loc.symbol.qualname, carried=True))
         plan.carried.append(loc.symbol.qualname)
     return plan
+
+
+_ADDED = ("new method", "new class attribute")
+_ATTRIBUTES_ORIGIN = (
+    "# origin: derived by backports new --from-pr: upstream's code at the pull request's\n"
+    "#         commit; the class attributes it adds are written at the end as module\n"
+    "#         constants. Module globals are looked up on the live upstream modules.\n"
+)
+_WRAPS = ("staticmethod", "classmethod", "property")
+
+
+def _plan_added(plan: _Plan, loc: Located, clone: Clone, pr: PullRequest) -> None:
+    """A method the fix adds is vendored as a method piece (upstream's text, dedented); a
+    class attribute's literal is written as a module constant beside the pieces. Either is
+    set on the installed class at install (the added-attribute kind)."""
+    symbol = loc.symbol
+    assert loc.module is not None
+    key = f"{symbol.path}@{pr.new.sha[:12]}"
+    source = plan.sources.setdefault(key, clone.text(pr.new.sha, symbol.path) or "")
+    units = map_units(source)
+    owner, _, name = symbol.qualname.rpartition(".")
+    if symbol.kind == "new method":
+        scope = units.scope(symbol.qualname)
+        assert scope is not None and isinstance(scope.node, ast.FunctionDef)
+        node = scope.node
+        texts = [ast.unparse(d) for d in node.decorator_list]
+        if len(texts) > 1 or (texts and texts[0] not in _WRAPS):
+            raise Refused(f"{symbol.shown} carries @{', @'.join(texts)}: no kind adds it bound so")
+        target = CarriedTarget(
+            loc, loc.module, symbol.qualname, name, _parameters(node), None, False,
+            added="method", wrap=texts[0] if texts else "",
+        )  # fmt: skip
+        plan.pieces.append(_tool.Piece(key, loc.module, symbol.qualname))
+    else:
+        scope = units.scope(owner)
+        assert scope is not None and isinstance(scope.node, ast.ClassDef)
+        stmt = next(s for s in scope.node.body if name in _bound_by(s))
+        value = getattr(stmt, "value", None)
+        assert value is not None
+        replacement = f"_added_{owner}_{name}"
+        text = ast.get_source_segment(source, value) or ast.unparse(value)
+        plan.attributes.append(
+            f"# {symbol.qualname}, which the pull request adds (upstream's value): the\n"
+            f"# backport sets it on the installed {owner} at install.\n"
+            f"{replacement} = {text}\n"
+        )
+        target = CarriedTarget(
+            loc, loc.module, symbol.qualname, replacement, (), None, False,
+            added="class attribute",
+        )  # fmt: skip
+    plan.added.append(target)
+
+
+def _rename_clashes(plan: _Plan) -> None:
+    """Targets of one name (two ``__init__``s, a helper duplicated in two modules) are
+    defined in the vendored module under names of their own (``<module>_<Class>___init__``):
+    each target's ``replacement`` names its function."""
+    names = [t.replacement for t in [*plan.targets, *plan.added]]
+    clashes = {n for n in names if names.count(n) > 1}
+    if not clashes:
+        return
+    with_pieces = [t for t in [*plan.targets, *plan.added] if t.added != "class attribute"]
+    for index, target in enumerate(with_pieces):
+        if target.replacement not in clashes:
+            continue
+        unique = f"{target.module.rpartition('.')[2]}_{target.attribute.replace('.', '_')}"
+        renamed = dataclasses.replace(target, replacement=unique)
+        owner = plan.targets if target in plan.targets else plan.added
+        owner[owner.index(target)] = renamed
+        plan.pieces[index] = dataclasses.replace(plan.pieces[index], defined_as=unique)
+    names = [t.replacement for t in [*plan.targets, *plan.added]]
+    clashes = {n for n in names if names.count(n) > 1}
+    if clashes:
+        raise Refused(f"two targets are both named {min(clashes)}: one module cannot hold both")
 
 
 def _merge_naming_blame(
@@ -370,7 +504,8 @@ def _check_reads(reads: dict[str, tuple[str, ...]], installed: Installed) -> Non
             raise NotProven(
                 f"the vendored code reads {', '.join(missing)} from {module}, which "
                 f"{installed.name} {installed.version} does not define: another upstream "
-                "change it depends on is missing"
+                "change it depends on is missing",
+                Reason.OUTSIDE_RELEASE,
             )
 
 
@@ -418,12 +553,7 @@ def vendor(
         plan.targets = [plan.targets[i] for i in order]
         plan.pieces = [plan.pieces[i] for i in order] + plan.pieces[len(order) :]
     main = plan.targets[0].module
-    names = [t.replacement for t in plan.targets]
-    clashes = sorted({n for n in names if names.count(n) > 1})
-    if clashes:
-        raise Refused(
-            f"two targets are both named {clashes[0]}: one vendored module cannot hold both"
-        )
+    _rename_clashes(plan)
     provenance = _tool.Provenance(
         repo=repo_url,
         pr=pr.number,
@@ -435,8 +565,12 @@ def vendor(
     try:
         rendered, decorators = _tool.render_pieces(plan.sources, plan.pieces, provenance)
     except _tool.SyncError as exc:
-        raise NotProven(f"cannot vendor it: {exc}") from exc
-    text = _merged_note(_spell_out_super(rendered.text, plan.targets, main), plan.targets)
+        raise NotProven(f"cannot vendor it: {exc}", Reason.SHAPE) from exc
+    text = _spell_out_super(rendered.text, [*plan.targets, *plan.added], main)
+    text = _merged_note(text, plan.targets)
+    if plan.attributes:  # written beside upstream's pieces: a sync would not re-render them
+        text = text.replace(_tool.SYNCED_ORIGIN_LINES, _ATTRIBUTES_ORIGIN, 1)
+        text += "".join(f"\n\n{a}" for a in plan.attributes)
     tree = ast.parse(text)
     listed = _literal(tree, "__reads__") or ()
     others = _literal(tree, "__reads_from__") or {}
@@ -470,4 +604,5 @@ def vendor(
         reads_from,
         rendered.segment,
         tuple(plan.left_out),
+        tuple(plan.added),
     )
