@@ -34,8 +34,8 @@ upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has
 - #117 (merged): ``MCoreTensorAwareStateDict._validate_params`` also accepts
   ``"fully_parallel_async"``, its rule rewritten from ``!=``/``and`` to ``not in``: the
   naive sniff judges that spelling (stand-ins answer ``!=`` apart from ``in``);
-- #118 (merged): ``round_up_to_nearest_multiple`` keeps the value for a zero multiple, with
-  a CPU test that raises ``ZeroDivisionError`` inside it on the installed code (route a);
+- #118 (merged): ``scaled_init_method_normal`` gives the plain init for zero layers, with a
+  CPU test that raises ``ZeroDivisionError`` inside it on the installed code (route a);
 - #121 (merged): a one-line fix of ``round_up_to_nearest_multiple`` (float rounding), with a
   CPU test, beside inert noise: the module docstring, another function's docstring, a comment,
   a bare annotation in a plain class;
@@ -455,20 +455,20 @@ def build(root: Path) -> Upstream:
     c["head117"] = _pull(b, 117, main, "async", {TASD: tasd})
     c["merge117"] = main = _merge(b, main, 117, "Accept fully_parallel_async", c["head117"])
 
-    # #118: a zero multiple raises inside the installed function; its test says so.
+    # #118: zero layers raise inside the installed function; its test says so.
     u = edit(
         b.files[main][UTILS],
-        "    return math.ceil(value / multiple) * multiple\n",
-        "    if multiple == 0:\n        return value\n"
-        "    return math.ceil(value / multiple) * multiple\n",
+        "    std = sigma / math.sqrt(multiplier * num_layers)\n",
+        "    if num_layers == 0:\n        return init_method_normal(sigma)\n"
+        "    std = sigma / math.sqrt(multiplier * num_layers)\n",
     )
-    t = "from megatron.core.utils import round_up_to_nearest_multiple\n" + b.files[main][TEST_UTILS]
+    t = "from megatron.core.utils import scaled_init_method_normal\n" + b.files[main][TEST_UTILS]
     t += (
-        "\n\ndef test_a_zero_multiple_keeps_the_value():\n"
-        "    assert round_up_to_nearest_multiple(5, 0) == 5\n"
+        "\n\ndef test_zero_layers_keep_the_plain_init():\n"
+        "    assert scaled_init_method_normal(0.02, 0).keywords['std'] == 0.02\n"
     )
-    c["head118"] = _pull(b, 118, main, "zero multiple", {UTILS: u, TEST_UTILS: t})
-    c["merge118"] = main = _merge(b, main, 118, "Round up to a zero multiple", c["head118"])
+    c["head118"] = _pull(b, 118, main, "zero layers", {UTILS: u, TEST_UTILS: t})
+    c["merge118"] = main = _merge(b, main, 118, "Plain init for zero layers", c["head118"])
 
     main = _shapes(b, c, main)
     b.ref("refs/heads/main", main)
@@ -516,12 +516,7 @@ def _count_config_read():
 def _shapes(b: _Builder, c: dict[str, str], main: str) -> str:
     """#121-#123: the shapes small fixes have (inert noise, a new method and class
     attribute, a new constant and import); main's new tip."""
-    # #121 branches off before #118 (which changed the same two-line function): its diff is
-    # against the text the installed release has, and #118's zero-multiple test is not in
-    # the file #121's own test run executes. Its squash merge leaves #118's change out of
-    # main's tip (the fixture's later pull requests never read it).
-    base = c.get("merge117", main)
-    u = b.files[base][UTILS]
+    u = b.files[main][UTILS]
     u = edit(u, ROUND_UP, ROUND_UP_FIXED)
     u = edit(u, '"""Utility functions used throughout Megatron core"""',
              '"""Utility functions used throughout Megatron core."""')  # fmt: skip
@@ -531,8 +526,8 @@ def _shapes(b: _Builder, c: dict[str, str], main: str) -> str:
              "def get_model_type(model):\n    # The model's type, wrapped or not.\n")  # fmt: skip
     u = edit(u, "    def __init__(self):\n        self.buffer = {}\n",
              "    buffer: dict\n\n    def __init__(self):\n        self.buffer = {}\n")  # fmt: skip
-    t = b.files[base][TEST_UTILS] + TEST_ROUND_UP
-    c["head121"] = _pull(b, 121, base, "round up", {UTILS: u, TEST_UTILS: t})
+    t = b.files[main][TEST_UTILS] + TEST_ROUND_UP
+    c["head121"] = _pull(b, 121, main, "round up", {UTILS: u, TEST_UTILS: t})
     c["merge121"] = main = _merge(b, main, 121, "Round up big integers exactly", c["head121"])
 
     u = b.files[main][UTILS]

@@ -249,13 +249,13 @@ def test_a_sniff_that_judges_code_shape_is_replaced_by_one_every_rewrite_agrees_
 def test_a_test_that_raises_inside_the_target_on_the_installed_code_is_route_a(
     upstream, tmp_path, capsys
 ) -> None:
-    """#118's test calls ``round_up_to_nearest_multiple(5, 0)``: the installed code raises
-    ZeroDivisionError inside it (pytest says FAILED: the bug), the fixed one returns 5. The
+    """#118's test calls ``scaled_init_method_normal(0.02, 0)``: the installed code raises
+    ZeroDivisionError inside it (pytest says FAILED: the bug), the fixed one the plain init. The
     test is the sniff; at run time a raise inside the target reads as needed."""
     dest = tmp_path / "plugin"
     assert _new(upstream, 118, dest) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
-    assert "  round_up_to_nearest_multiple: route a, the pull request's own test" in out
+    assert "  scaled_init_method_normal: route a, the pull request's own test" in out
     entry = (dest / "mlm_pr_118_backport" / "entry.py").read_text()
     assert "ROUTE = 'a'" in entry
     done = _installed_check(dest, "mlm-pr-118", tmp_path)
@@ -273,7 +273,7 @@ def test_a_test_that_raises_inside_the_target_on_the_installed_code_is_route_a(
     from tests.from_pr_fixture import UTILS, installed_text
 
     merged = upstream.repo.git.show(f"{upstream.sha('merge118')}:{UTILS}")
-    name = "round_up_to_nearest_multiple"
+    name = "scaled_init_method_normal"
     assert manifest["fixed_symbols_sha256"] == {name: symbol_digest(merged, name)}
     assert symbol_digest(installed_text(UTILS), name) != symbol_digest(merged, name)
     machine = (str(upstream.path), str(tmp_path), sys.prefix, str(Path.home()))

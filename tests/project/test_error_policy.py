@@ -28,11 +28,11 @@ _CHILD_SUFFIX = "_child.py"
 
 # (module, enclosing function) -> why it may print or end the process itself.
 _ALLOWED = {
-    ("__main__.py", "<module>"): "`python -m backports.megatron`: main()'s status, as exit",
     ("termination.py", "sigterm_unwinds"): "a SIGTERM unwound through the cleanup ends as one",
     ("sync/verify.py", "child_main"): "the sniff's child interpreter: its answer on stdout",
     ("__init__.py", "_say_hook_failed"): "the start-up hook in a job: no command to print it",
     ("catalog/_plugins.py", "_say_now"): "a plugin import that hangs: said now, from a thread",
+    ("interpreter/forked_zygote.py", "fork"): "the forked zygote: a child that must never return",
 }
 
 
