@@ -72,6 +72,52 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
 
 
+# ---- the namespace keeps this package reachable --------------------------------------------
+# setuptools pops sys.modules["backports"] at its import (pypa/setuptools#4476), and megatron
+# imports setuptools (torch.utils.cpp_extension): the ``backports`` namespace found afresh
+# after that lacks the attribute ``megatron``, so ``import backports.megatron`` followed by
+# ``backports.megatron.status()`` raised AttributeError once megatron was imported. This
+# finder lets the other finders find ``backports`` as ever and puts the attribute back.
+
+_NAMESPACE_KEEPER = "__megatron_backports_namespace__"  # how it is told apart in sys.meta_path
+
+
+class _NamespaceKeeper:
+    def find_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "Any":
+        package = sys.modules.get(__name__)
+        if fullname != "backports" or package is None:
+            return None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _Reattaching(spec.loader, package)
+                return spec
+        return None
+
+
+class _Reattaching:
+    """The namespace's loader, which then sets ``megatron`` on the module it made."""
+
+    def __init__(self, loader: "Any", package: "Any") -> None:
+        self.loader, self.package = loader, package
+
+    def create_module(self, spec: "Any") -> "Any":
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: "Any") -> None:
+        self.loader.exec_module(module)
+        module.megatron = self.package
+
+
+setattr(_NamespaceKeeper, _NAMESPACE_KEEPER, True)
+if not any(getattr(finder, _NAMESPACE_KEEPER, False) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _NamespaceKeeper())
+
+
 # ---- the start-up hook's trigger -----------------------------------------------------------
 # `backports apply` writes site-packages/megatron_backports_startup.pth (job.hook_file),
 # whose one line is: if this file is still installed, import this package and call _start_up.

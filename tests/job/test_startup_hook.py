@@ -132,7 +132,9 @@ def _our_finders() -> list[object]:
     return [
         f
         for f in sys.meta_path
-        if type(f).__module__.startswith("backports.megatron") and not getattr(f, "fired", False)
+        if type(f).__module__.startswith("backports.megatron")
+        and not getattr(f, "fired", False)
+        and not getattr(f, "__megatron_backports_namespace__", False)  # finds no module of ours
     ]
 
 
@@ -346,6 +348,7 @@ from backports.megatron.kinds import import_guard as import_guards
 from backports.megatron.kinds.install import installed
 print("guard installed:", installed("megatron-lm-6964") is not None)
 ours = [f for f in sys.meta_path if type(f).__module__.startswith("backports.megatron")]
+ours = [f for f in ours if not getattr(f, "__megatron_backports_namespace__", False)]
 print("acting finders:", [type(f).__module__ for f in ours if not getattr(f, "fired", False)])
 """
 
