@@ -21,7 +21,7 @@ def _spec_importing(module_name: str) -> SimpleNamespace:
         module = importlib.import_module(module_name)  # waits on the import lock if elsewhere
         return SniffResult(fixed=True, summary=f"saw {module.__name__}")
 
-    return SimpleNamespace(id="inside-import", sniff=sniff)
+    return SimpleNamespace(id="inside-import", sniff=sniff, sniff_imports=())
 
 
 @pytest.fixture
@@ -70,7 +70,9 @@ def test_sniffs_in_this_thread_run_inside_the_import(module_sniffing_itself, mon
 
 def test_the_import_callback_decides_with_sniffs_in_the_importing_thread(monkeypatch):
     seen: list[tuple[bool, str]] = []
-    watch = SimpleNamespace(spec=SimpleNamespace(id="x"), mode="m", child_sniffs=False, plugin=None)
+    watch = SimpleNamespace(
+        spec=SimpleNamespace(id="x"), mode="m", child_sniffs=False, plugin=None, on_demand=False
+    )
     monkeypatch.setattr(deferred, "_due", lambda module_name: [watch])
 
     def deciding(*args, **kwargs):  # type: ignore[no-untyped-def]
