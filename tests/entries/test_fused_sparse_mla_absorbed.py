@@ -30,7 +30,7 @@ GRAD_TOL = 2e-2
 def installed_any_mode(
     request: pytest.FixtureRequest, tilelang_dsa: ModuleType, fake_kernel: FakeSparseMLA
 ) -> ModuleType:
-    report = report_for(apply(BACKPORT_ID, upstream_only=request.param), BACKPORT_ID)
+    report = report_for(apply(upstream_only=request.param), BACKPORT_ID)
     assert report.action is Action.INSTALLED, report
     assert report.evidence["mode"] == ("upstream-only" if request.param else "local-changes")
     return tilelang_dsa

@@ -83,7 +83,7 @@ def synced_catalog(synced_vendor: Path, monkeypatch: pytest.MonkeyPatch) -> Back
 
 
 def _install_synced(tilelang_dsa: ModuleType, upstream_only: bool) -> ModuleType:
-    report = report_for(apply(BACKPORT_ID, upstream_only=upstream_only), BACKPORT_ID)
+    report = report_for(apply(upstream_only=upstream_only), BACKPORT_ID)
     assert report.verdict is Verdict.NEEDED and report.action is Action.INSTALLED, report
     assert report.evidence["upstream"]["origin"] == "synced"
     assert report.evidence["vendored"]["ok"]

@@ -37,6 +37,9 @@ IDS = [spec.id for spec in CATALOG]
 # Entries that replace functions (an import guard replaces none: no stock function to vendor).
 FUNCTION_IDS = [spec.id for spec in CATALOG if not kind_of(spec.target).before_import]
 BY_ID = {spec.id: spec for spec in CATALOG}
+# What ``status`` judges by sniffing: an entry whose sniff runs on demand (#7466's two ranks)
+# reads "not yet checked" there; its stock function is judged by the sniff tests above.
+STATUS_SNIFFED_IDS = [i for i in FUNCTION_IDS if not BY_ID[i].sniff_on_demand]
 
 # Writes one vendored module's text into a copy of vendor/ and returns the entry reading it.
 Vendor = Callable[[BackportSpec, str], BackportSpec]
@@ -202,7 +205,7 @@ def test_a_not_implemented_error_from_the_sniff_is_unfinished() -> None:
 # ---- the probe: status, check, apply --------------------------------------------------------
 
 
-@pytest.mark.parametrize("backport_id", FUNCTION_IDS)
+@pytest.mark.parametrize("backport_id", STATUS_SNIFFED_IDS)
 @pytest.mark.parametrize("upstream_only", ["1", "0"])
 def test_a_vendored_stock_function_is_incompatible_and_never_installed(
     backport_id: str,
