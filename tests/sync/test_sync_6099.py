@@ -23,7 +23,7 @@ from pathlib import Path
 import git
 import pytest
 
-from backports.megatron.sync import cli
+from backports.megatron.commands import sync as sync_command
 from backports.megatron.sync.render import Piece, Provenance, render
 from tests.paths import ROOT
 from tests.sync.upstreams import (
@@ -119,7 +119,7 @@ def _sync(repo: Path, sha: str, vendor: Path) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     args = ["--backport", ID, "--sha", sha, "--repo", str(repo), "--vendor-dir", str(vendor)]
     with redirect_stdout(out), redirect_stderr(err):
-        code = cli.main(args)
+        code = sync_command.main(args)
     return code, out.getvalue(), err.getvalue()
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import git
 import pytest
 
-from backports.megatron.sync import cli
+from backports.megatron.commands import sync as sync_command
 from backports.megatron.sync.render import Piece, Provenance, render
 from tests.paths import ROOT
 from tests.sync.upstreams import (
@@ -97,7 +97,7 @@ def vendor(tmp_path: Path) -> Path:
 def run(*args: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
-        code = cli.main(list(args))
+        code = sync_command.main(list(args))
     return code, out.getvalue(), err.getvalue()
 
 

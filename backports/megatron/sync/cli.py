@@ -15,7 +15,6 @@ are then the old ones, unless the line says otherwise). The commands wing
 
 import argparse
 import importlib.util
-from collections.abc import Sequence
 from pathlib import Path
 
 from .. import exit_status
@@ -84,11 +83,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the folder holding the <id>/ folders (default: this installation's vendor/; "
         "a plugin's: <package>/vendor)",
     )
-
-
-def main(argv: Sequence[str] | None = None, prog: str = "backports sync") -> int:
-    """The sync's command line, run by the commands wing (which shows what it says and turns
-    its errors into one line and an exit status); this address stays for its callers."""
-    from ..commands.sync import main as command_main
-
-    return command_main(argv, prog)
