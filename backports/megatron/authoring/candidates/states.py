@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 from ..from_pr.clone import Clone
 from ..from_pr.errors import FromPrError
-from ..from_pr.locate import Installed, segment
+from ..from_pr.locate import Installed
 from ..from_pr.model import Commit, PullRequest, Symbol
 from ..from_pr.symbols import Changes, changed_symbols
-from ..from_pr.units import UnitMap, map_units
+from ..from_pr.units import UnitMap, map_units, segment
 from .model import Merge, SymbolState
 
 SOURCE_ROOT = "megatron/"

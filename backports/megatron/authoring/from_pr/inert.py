@@ -11,7 +11,7 @@ import ast
 import textwrap
 import warnings
 
-from .units import UnitMap
+from .units import UnitMap, segment
 
 _DOCUMENTED = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 # Bases and decorators that turn a class body's annotations into fields or a schema.
@@ -120,7 +120,6 @@ def why_inert(
         if found and all(s is not None and _is_string(s) for s in found):
             return "module docstring only"
         return None
-    from .locate import segment  # locate imports units too; no cycle at import time
 
     if kind == "class body":
         texts = [_class_body(text, units, qualname) for text, units in (old, new)]

@@ -22,27 +22,13 @@ from .clone import Clone
 from .errors import BadInput, Reason, Refused
 from .inert import same_code
 from .model import Located, PullRequest, Symbol
-from .units import UnitMap, map_units
+from .units import UnitMap, map_units, segment
 
 DISTRIBUTION = "megatron-core"
 
 
 def module_of(path: str) -> str:
     return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
-
-
-def segment(text: str, units: UnitMap, qualname: str) -> str | None:
-    """The lines of ``qualname`` (decorators included) in ``text``, or None."""
-    scope = units.scope(qualname)
-    if scope is not None:
-        return "".join(text.splitlines(keepends=True)[scope.first - 1 : scope.last])
-    for stmt in units.tree.body:  # a module-level assignment
-        if units.unit(stmt.lineno).qualname == qualname and not isinstance(
-            stmt, ast.Import | ast.ImportFrom
-        ):
-            last = stmt.end_lineno or stmt.lineno
-            return "".join(text.splitlines(keepends=True)[stmt.lineno - 1 : last])
-    return None
 
 
 def _body_mark(node: ast.AST) -> str | None:

@@ -7,9 +7,9 @@ own text: there is nothing to carry, and ``--from-pr`` says so in one line inste
 """
 
 from .clone import Clone
-from .locate import Installed, _same, module_of, segment
+from .locate import Installed, _same, module_of
 from .model import Located, PullRequest
-from .units import map_units
+from .units import map_units, segment
 
 # Kinds that change nothing a swap carries (a comment, an import line): they do not vote.
 _INERT = ("comment", "import", "inert")

@@ -176,3 +176,17 @@ def map_units(text: str) -> UnitMap:
         warnings.simplefilter("ignore", SyntaxWarning)
         tree = ast.parse(text)
     return UnitMap(tree, _scopes(tree))
+
+
+def segment(text: str, units: UnitMap, qualname: str) -> str | None:
+    """The lines of ``qualname`` (decorators included) in ``text``, or None."""
+    scope = units.scope(qualname)
+    if scope is not None:
+        return "".join(text.splitlines(keepends=True)[scope.first - 1 : scope.last])
+    for stmt in units.tree.body:  # a module-level assignment
+        if units.unit(stmt.lineno).qualname == qualname and not isinstance(
+            stmt, ast.Import | ast.ImportFrom
+        ):
+            last = stmt.end_lineno or stmt.lineno
+            return "".join(text.splitlines(keepends=True)[stmt.lineno - 1 : last])
+    return None

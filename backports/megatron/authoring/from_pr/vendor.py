@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from . import _tool
 from .clone import Clone
 from .errors import NotProven, Reason, Refused
-from .locate import Installed, module_of, segment
+from .locate import Installed, module_of
 from .merge import Conflict, merge_symbol
 from .model import Located, PullRequest, Symbol
-from .units import map_units
+from .units import map_units, segment
 
 _STATIC = ("staticmethod", "classmethod")
 
