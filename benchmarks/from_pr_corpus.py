@@ -45,12 +45,9 @@ BRANCH_POINT_0_19 = "818b2580da69431a24cc261c969f5e4b0722fac7"
 _PR = re.compile(r"\(#(\d+)\)")
 _ROUTE = re.compile(r"^  (\S+)\s.*sniff: route ([abc])", re.MULTILINE)
 _PRESENT = re.compile(r"already (has|carries|present)", re.I)
-# Refusals the goal does not count: the fix cannot apply to this release at all.
-_NOT_APPLICABLE = re.compile(
-    r"not in the installed|does not exist in|no such (symbol|function|class)|"
-    r"conflict|does not apply|cannot apply",
-    re.I,
-)
+# Refusals the goal does not count: the fix cannot apply to this release at all (a touched
+# symbol or a name it reads is not in the installed release; a hunk does not apply).
+_NOT_APPLICABLE = re.compile(r"\[(outside-the-release|conflict)\]")
 _REWRITES = re.compile(r"(\d+) rewrites? passed", re.I)
 _DISCARDED = re.compile(r"(\d+) (candidate )?sniffs? discarded", re.I)
 
@@ -148,6 +145,14 @@ def _one(entry: dict[str, Any], python: str, clone: Path, scratch: Path) -> dict
     }
 
 
+def eligible(run: dict[str, Any]) -> bool:
+    """Counted by the goal: at most 3 files, and neither already in the release nor refused
+    because it cannot apply to it."""
+    if run["files"] > 3 or run["outcome"] == "already present":
+        return False
+    return not (run["outcome"] == "refused" and _NOT_APPLICABLE.search(run["reason"]))
+
+
 def summary(runs: list[dict[str, Any]], size: int) -> dict[str, Any]:
     eligible = [run for run in runs if run["eligible"]]
     proven = [run for run in eligible if run["outcome"] == "proven"]
@@ -201,6 +206,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    for run in held.values():
+        run["eligible"] = eligible(run)
     order = [e["pr"] for e in prs]
     runs = sorted(held.values(), key=lambda r: order.index(r["pr"]))
     report = {
