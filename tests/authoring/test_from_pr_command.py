@@ -370,7 +370,15 @@ def test_a_stop_mid_run_leaves_no_scratch_folder_and_no_child(
     argv = [sys.executable, "-P", "-m", "backports.megatron", "new", "--from-pr", "101"]
     argv += ["--repo", str(upstream.path), "--dest", str(tmp_path / "plugin")]
     env = {**os.environ, "TMPDIR": str(tmp), "MEGATRON_BACKPORTS_CACHE_DIR": str(tmp_path / "c")}
-    process = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL)
+    # Started as from a terminal: a shell's background job (a CI step, nohup) would hand on
+    # SIGINT ignored, and Ctrl-C would then mean nothing to the command.
+    process = subprocess.Popen(
+        argv,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     seen: set[int] = set()
     deadline = time.monotonic() + 900
     while process.poll() is None and time.monotonic() < deadline:
