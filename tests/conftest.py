@@ -329,6 +329,7 @@ def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untype
 # session fails if there is one.
 
 _CACHE_WRITES: list[str] = []
+_STORE = "MEGATRON_BACKPORTS_CACHE_DIR"
 _WRITE_EVENTS = frozenset(
     {"open", "os.mkdir", "os.rename", "os.replace", "os.remove", "os.rmdir", "os.symlink",
      "os.link", "os.truncate", "os.chmod", "os.utime", "shutil.rmtree", "subprocess.Popen"}
@@ -387,15 +388,24 @@ def _real_cache_untouched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             pass
 
     sys.addaudithook(audit)
-    saved = os.environ.get("XDG_CACHE_HOME")
+    saved = {name: os.environ.get(name) for name in ("XDG_CACHE_HOME", _STORE)}
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    # Where a test's `monkeypatch.undo()` returns: never the venv's own proof store, which
+    # `backports apply` (tools/run-job, the README's first command) fills in this venv.
+    os.environ[_STORE] = str(tmp_path_factory.mktemp("no-tests-store"))
+    # The start-up hook that command leaves in the venv armed a trigger in this process too:
+    # each test starts without one, as in an environment without the hook.
+    from backports.megatron.job import start_up
+
+    start_up.deactivate()
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop("XDG_CACHE_HOME", None)
-        else:
-            os.environ["XDG_CACHE_HOME"] = saved
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     if _CACHE_WRITES:
         shown = "; ".join(dict.fromkeys(_CACHE_WRITES))
         pytest.fail(f"tests wrote to the user's real cache: {shown}", pytrace=False)
