@@ -83,6 +83,8 @@ _NAMESPACE_KEEPER = "__megatron_backports_namespace__"  # how it is told apart i
 
 
 class _NamespaceKeeper:
+    __megatron_backports_namespace__ = True  # _NAMESPACE_KEEPER: how it is told apart
+
     def find_spec(self, fullname: str, path: "Any" = None, target: "Any" = None) -> "Any":
         package = sys.modules.get(__name__)
         if fullname != "backports" or package is None:
@@ -113,7 +115,6 @@ class _Reattaching:
         module.megatron = self.package
 
 
-setattr(_NamespaceKeeper, _NAMESPACE_KEEPER, True)
 if not any(getattr(finder, _NAMESPACE_KEEPER, False) for finder in sys.meta_path):
     sys.meta_path.insert(0, _NamespaceKeeper())
 
