@@ -24,7 +24,7 @@ from .job import deferred
 from .job.announce import announce, forget
 from .job.settling import UPSTREAM_ONLY_NOTE, mode_evidence, settle
 from .kinds import kind_of
-from .kinds.install import by_kind, installed, uninstall
+from .kinds.install import by_kind, installed, uninstall, uninstalling
 from .model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec, mode_name
 from .report import Action, Report, Verdict
 from .session import SESSION
@@ -377,7 +377,9 @@ def revert(only: str | Iterable[str] | None = None) -> list[Report]:
     """Uninstall backports and drop their pending import hooks (idempotent)."""
     ids = _selection(only)
     with SESSION.lock:
-        reports = [_revert_one(spec) for spec in select(ids)]
+        specs = select(ids)
+        with uninstalling(spec.id for spec in specs):
+            reports = [_revert_one(spec) for spec in specs]
     return _sourced(reports) + _withheld(ids, Action.NOT_INSTALLED)
 
 

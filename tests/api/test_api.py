@@ -87,6 +87,28 @@ def test_an_alias_taken_after_apply_is_restored_by_revert(tilelang_dsa, monkeypa
     assert tilelang_dsa.fused_sparse_mla_absorbed is original
 
 
+def test_revert_of_every_backport_scans_the_modules_once(tilelang_dsa, monkeypatch):
+    """One scan for the late aliases of every part (16 backports: 33 parts), and a late
+    alias of each backport is still put back."""
+    from backports.megatron.kinds import _bindings
+
+    original = tilelang_dsa.fused_sparse_mla_absorbed
+    reports = apply()
+    installed_ids = [r.id for r in reports if r.action is Action.INSTALLED]
+    assert len(installed_ids) > 5
+    late = types.ModuleType("user_module_imported_after_apply_of_all")
+    late.sparse_attention = tilelang_dsa.fused_sparse_mla_absorbed
+    monkeypatch.setitem(sys.modules, late.__name__, late)
+    modules_read = []
+    real = _bindings.live_namespace
+    monkeypatch.setattr(_bindings, "live_namespace", lambda m: modules_read.append(m) or real(m))
+    reverted = [r.id for r in revert() if r.action is Action.REVERTED]
+    assert set(installed_ids) <= set(reverted)  # and the deferred ones: their hooks dropped
+    assert late.sparse_attention is original
+    # One pass over sys.modules (plus the few sites each restore reads back).
+    assert len(modules_read) < 2 * len(sys.modules), len(modules_read)
+
+
 def test_revert_names_every_site_it_restored(tilelang_dsa, monkeypatch):
     user = types.ModuleType("user_script_with_an_alias")
     user.sparse_attention = tilelang_dsa.fused_sparse_mla_absorbed

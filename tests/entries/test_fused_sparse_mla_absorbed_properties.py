@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from backports.megatron import apply
+from tests.conftest import BACKPORT_ID
 from tests.reference import sparse_mla_reference
 
 SCALE = 0.0625
@@ -92,7 +93,7 @@ def cases(draw):
 )
 @given(case=cases())
 def test_never_raises_never_writes_and_is_none_or_right(tilelang_dsa, fake_kernel, case):
-    apply()
+    apply(BACKPORT_ID)
     query, key, indices = case.build()
     saved = [t.clone() for t in (query, key, indices)]
 
@@ -114,7 +115,7 @@ def test_never_raises_never_writes_and_is_none_or_right(tilelang_dsa, fake_kerne
 
 @pytest.mark.parametrize("heads", [1, 3, 16, 17])
 def test_small_head_counts_are_padded_to_16(tilelang_dsa, fake_kernel, heads):
-    apply()
+    apply(BACKPORT_ID)
     query, key, indices = Case(
         sq=2, sk=5, b=1, heads=heads, width=512, key_width=512, topk=3, high=5
     ).build()

@@ -88,7 +88,7 @@ def test_status_json_lists_them_and_the_mode(tilelang_dsa, capsys):
 
 
 def test_upstream_only_by_argument_installs_the_vendored_function_alone(tilelang_dsa, vendored):
-    report = report_for(apply(upstream_only=True), BACKPORT_ID)
+    report = report_for(apply(BACKPORT_ID, upstream_only=True), BACKPORT_ID)
     installed = tilelang_dsa.fused_sparse_mla_absorbed
     assert report.action is Action.INSTALLED and report.evidence["mode"] == "upstream-only"
     assert not any(c["active"] for c in report.evidence["local_changes"])
@@ -102,23 +102,23 @@ def test_upstream_only_by_environment(tilelang_dsa, vendored, monkeypatch):
     monkeypatch.setenv("MEGATRON_BACKPORTS_UPSTREAM_ONLY", "1")
     would = report_for(status(), BACKPORT_ID)
     assert would.action is Action.WOULD_INSTALL and would.evidence["mode"] == "upstream-only"
-    report = report_for(apply(), BACKPORT_ID)
+    report = report_for(apply(BACKPORT_ID), BACKPORT_ID)
     assert report.evidence["mode"] == "upstream-only"
     assert tilelang_dsa.fused_sparse_mla_absorbed.__code__ is vendored.__code__
 
 
 def test_default_mode_wraps_and_asking_for_the_other_mode_swaps(tilelang_dsa, vendored):
     original = tilelang_dsa.fused_sparse_mla_absorbed
-    report = report_for(apply(), BACKPORT_ID)
+    report = report_for(apply(BACKPORT_ID), BACKPORT_ID)
     wrapped = tilelang_dsa.fused_sparse_mla_absorbed
     assert report.evidence["mode"] == "local-changes"
     assert wrapped.__code__ is not vendored.__code__
     assert wrapped.__backport__ == BACKPORT_ID and wrapped.__wrapped__ is original
-    swapped = report_for(apply(upstream_only=True), BACKPORT_ID)
+    swapped = report_for(apply(BACKPORT_ID, upstream_only=True), BACKPORT_ID)
     assert swapped.action is Action.INSTALLED and swapped.verdict is Verdict.NEEDED
     assert tilelang_dsa.fused_sparse_mla_absorbed.__code__ is vendored.__code__
     assert tilelang_dsa.fused_sparse_mla_absorbed.__wrapped__ is original
-    again = report_for(apply(upstream_only=True), BACKPORT_ID)
+    again = report_for(apply(BACKPORT_ID, upstream_only=True), BACKPORT_ID)
     assert again.action is Action.ALREADY_INSTALLED
 
 

@@ -135,6 +135,24 @@ def test_a_constructor_counts_the_objects_built_before_it(tilelang_dsa):
     assert kind.evidence(POST_INIT, resolved)["kind"] == "constructor"
 
 
+def test_a_constructor_counts_objects_of_subclasses_too(tilelang_dsa):
+    """A subclass's object ran the constructor through ``super()``: it counts, and only
+    objects (not the subclass itself, nor what refers to the class) do."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    kind = kind_of(POST_INIT)
+    resolved = kind.resolve(POST_INIT, ID)
+    before = kind.existing(resolved)
+
+    class Derived(TransformerConfig):
+        pass
+
+    holder = {"class": Derived, "base": TransformerConfig}
+    built = Derived(num_layers=1, hidden_size=8, num_attention_heads=1)
+    assert kind.existing(resolved) == before + 1
+    del built, holder
+
+
 def test_a_constructor_target_is_an_init_or_a_post_init():
     from packaging.version import Version
 

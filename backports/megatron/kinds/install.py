@@ -8,13 +8,14 @@ it moves to the stale list, which the next uninstall still cleans.
 """
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..model import Target
 from ..session import SESSION
 from . import Installation, Kind, Part, Resolved, kind_of
-from ._bindings import bindings_of_each
+from ._bindings import bindings_of_each, one_scan_for
 
 _LOG = logging.getLogger(__name__)
 
@@ -138,6 +139,20 @@ def _after_install(parts: list[Part]) -> dict[str, object]:
         note += said
         evidence.update(found)
     return {"note": note, "evidence": evidence}
+
+
+@contextmanager
+def uninstalling(backport_ids: Iterable[str]) -> Iterator[None]:
+    """A block that uninstalls these backports: one scan of ``sys.modules`` finds the late
+    aliases of every replacement they installed (live or stale), not one scan per part."""
+    with SESSION.lock:
+        ids = set(backport_ids)
+        installations = [
+            *(SESSION.installed[i] for i in ids if i in SESSION.installed),
+            *(stale for i in ids for stale in SESSION.stale.get(i, [])),
+        ]
+        with one_scan_for(part.replacement for i in installations for part in i.parts):
+            yield
 
 
 def uninstall(backport_id: str) -> Installation | None:
