@@ -467,12 +467,14 @@ def test_without_a_zygote_the_ranks_are_fresh_interpreters(stand_in, monkeypatch
 
 @pytest.mark.parametrize("forked", [True, False], ids=["zygote", "fresh"])
 def test_a_failed_rank_ends_its_peers_whole_process_group(
-    stand_in, running_zygote, monkeypatch, tmp_path, forked
+    stand_in, monkeypatch, tmp_path, request, forked
 ):
     """Rank 1 exits 3; rank 0 (and the process it started) would run 300 s more."""
     import time
 
-    if not forked:
+    if forked:
+        request.getfixturevalue("running_zygote")
+    else:
         monkeypatch.setenv("MEGATRON_BACKPORTS_ZYGOTE", "0")
     started = time.monotonic()
     with pytest.raises(SniffFailed, match="rank 1 of the two-rank child exited 3: no peer"):
