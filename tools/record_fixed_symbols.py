@@ -30,6 +30,7 @@ from backports.megatron.vendored.manifest import (  # noqa: E402
     UpstreamToml,
     render_upstream,
     symbols,
+    upstream_name,
 )
 
 
@@ -44,8 +45,9 @@ def _git_show(repo: Path, commit: str, path: str) -> str | None:
 
 
 def fixed_symbols(repo: Path, manifest: UpstreamToml) -> dict[str, str] | None:
-    """``{symbol: digest}`` at the manifest's merge commit in ``repo``, or None where it
-    has no merge, or the clone lacks a symbol's text there."""
+    """``{symbol: digest}`` at the manifest's merge commit in ``repo`` (each symbol read
+    under upstream's name for it, ``upstream_names``), or None where it has no merge, or
+    the clone lacks a symbol's text there."""
     merge = manifest.get("merge_sha")
     if merge is None:
         return None
@@ -60,8 +62,10 @@ def fixed_symbols(repo: Path, manifest: UpstreamToml) -> dict[str, str] | None:
         return None
 
     names = symbols(manifest)
-    found = symbol_digests(read, names)
-    return found if len(found) == len(names) else None
+    catalog_name = {upstream_name(manifest, name): name for name in names}
+    found = symbol_digests(lambda read_as: read(catalog_name[read_as]), list(catalog_name))
+    keyed = {catalog_name[read_as]: digest for read_as, digest in found.items()}
+    return keyed if len(keyed) == len(names) else None
 
 
 def _record(repo: Path, folder: VendoredFolder) -> str:

@@ -209,7 +209,11 @@ def _apply(
     ids = _selection(only)
     _warn_unknown_skips()
     with SESSION.lock, one_look():
-        reports = _apply_all(select(ids), strict, mode, child_sniffs, on_demand)
+        chosen = select(ids)
+        if on_demand:  # the ranks of a sniff run on demand are forked from the zygote
+            ranked = [s for s in chosen if s.sniff_on_demand and disabled_reason(s) is None]
+            start_children_early(ranked, on_demand=True)
+        reports = _apply_all(chosen, strict, mode, child_sniffs, on_demand)
         for report in reports:  # in catalog order, once every outcome is recorded
             announce(report, stacklevel=4)
     held_back = _withheld(ids, Action.SKIPPED)
@@ -276,7 +280,8 @@ def _status(only: str | Iterable[str] | None, on_demand: bool) -> list[Report]:
     chosen = select(ids)
     with one_look():
         judged = _with_rivals(chosen)
-        start_children_early([spec for spec in judged if disabled_reason(spec) is None])
+        enabled = [spec for spec in judged if disabled_reason(spec) is None]
+        start_children_early(enabled, on_demand=on_demand)
         reports = _shadowed([_status_one(spec, on_demand=on_demand) for spec in judged])
     # ``--only``: the rivals were probed for what a job does with the chosen, not shown.
     by_id = {report.id: report for report in reports}

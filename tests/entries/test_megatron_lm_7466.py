@@ -325,6 +325,8 @@ def test_a_rank_that_fails_ends_its_peer_and_says_why(monkeypatch):
     import sys
     import time
 
+    monkeypatch.setenv("MEGATRON_BACKPORTS_ZYGOTE", "0")  # fresh interpreters: _rank_command
+
     def command(request: dict[str, Any]) -> list[str]:
         if request["rank"] == 1:
             return [sys.executable, "-I", "-c", "import sys; print('no peer'); sys.exit(3)"]
@@ -373,3 +375,129 @@ def test_a_release_whose_ranks_show_the_fix_is_drifted_not_upstream(cross_entrop
 
 # The contract kit: tests/catalog/test_contract.py (its checks that sniff are slow for this
 # entry: two ranks in child interpreters).
+
+
+# --- the ranks forked from the zygote ------------------------------------------------------------
+
+# A stand-in for _vocab_parallel_child.py: what each rank's process is, as it starts. Each set
+# names a folder; rank 0 of the set "sleeper" starts a process in its group and waits.
+_STAND_IN = """
+import json, os, subprocess, sys, time
+torch_at_start = "torch" in sys.modules
+request = json.loads(sys.argv[1])
+rank = request["rank"]
+seen = {
+    "torch_at_start": torch_at_start, "megatron_at_start": "megatron" in sys.modules,
+    "pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0), "cwd": os.getcwd(),
+    "path": sys.path, "switch": os.environ.get("MEGATRON_BACKPORTS"),
+}
+if "sleeper" in request["sets"]:
+    pid_file = os.path.join(request["sets"]["sleeper"], "grandchild.pid")
+    if rank == 1:  # fails once rank 0 has started its process
+        for _ in range(600):
+            if os.path.exists(pid_file):
+                break
+            time.sleep(0.05)
+        print("no peer", file=sys.stderr)
+        sys.exit(3)
+    child = subprocess.Popen(["sleep", "300"])
+    with open(pid_file + ".part", "w") as file:
+        file.write(str(child.pid))
+    os.rename(pid_file + ".part", pid_file)
+    time.sleep(300)
+print("SNIFF " + json.dumps({"rank": rank, "sets": {k: seen for k in request["sets"]}}))
+"""
+
+
+@pytest.fixture
+def stand_in(monkeypatch, tmp_path):
+    """The ranks run _STAND_IN instead of the real child."""
+    child = tmp_path / "stand_in_child.py"
+    child.write_text(_STAND_IN)
+    monkeypatch.setattr(megatron_lm_7466, "_CHILD", child)
+    return child
+
+
+@pytest.fixture
+def running_zygote(monkeypatch):
+    """The zygote, started as ``backports check`` starts it (torch imported once there)."""
+    from backports.megatron.interpreter import children, zygote
+
+    monkeypatch.delenv("MEGATRON_BACKPORTS_ZYGOTE", raising=False)
+    zygote.start(children.child_path())
+    (current,) = zygote._CURRENT
+    assert current.ready.wait(120) and current.hello is not None
+    return current
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie nobody reaps has ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def test_the_ranks_are_forked_from_the_running_zygote(stand_in, running_zygote):
+    """Torch already imported as each rank starts (megatron not), both children of the
+    zygote, each leading a process group of its own, in a private folder, on this
+    process's path, the backports off."""
+    answer = megatron_lm_7466.run_two_ranks({"asked": "nowhere.py"})
+    ranks = answer["sets"]["asked"]
+    assert [rank["torch_at_start"] for rank in ranks] == [True, True], ranks
+    assert not any(rank["megatron_at_start"] for rank in ranks)
+    assert {rank["ppid"] for rank in ranks} == {running_zygote.process.pid}
+    assert all(rank["pgid"] == rank["pid"] for rank in ranks)
+    assert ranks[0]["cwd"] != ranks[1]["cwd"] and all(
+        Path(rank["cwd"]).parent.name.startswith("megatron-backports-child-") for rank in ranks
+    )
+    import sys
+
+    assert all(rank["path"] == [e for e in sys.path if e] for rank in ranks)
+    assert {rank["switch"] for rank in ranks} == {"0"}
+
+
+def test_without_a_zygote_the_ranks_are_fresh_interpreters(stand_in, monkeypatch):
+    monkeypatch.setenv("MEGATRON_BACKPORTS_ZYGOTE", "0")
+    ranks = megatron_lm_7466.run_two_ranks({"asked": "nowhere.py"})["sets"]["asked"]
+    assert [rank["torch_at_start"] for rank in ranks] == [False, False], ranks
+    assert all(rank["pgid"] == rank["pid"] for rank in ranks)
+
+
+@pytest.mark.parametrize("forked", [True, False], ids=["zygote", "fresh"])
+def test_a_failed_rank_ends_its_peers_whole_process_group(
+    stand_in, monkeypatch, tmp_path, request, forked
+):
+    """Rank 1 exits 3; rank 0 (and the process it started) would run 300 s more."""
+    import time
+
+    if forked:
+        request.getfixturevalue("running_zygote")
+    else:
+        monkeypatch.setenv("MEGATRON_BACKPORTS_ZYGOTE", "0")
+    started = time.monotonic()
+    with pytest.raises(SniffFailed, match="rank 1 of the two-rank child exited 3: no peer"):
+        megatron_lm_7466.run_two_ranks({"sleeper": str(tmp_path)})
+    assert time.monotonic() - started < 60
+    pid = int((tmp_path / "grandchild.pid").read_text())
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), "the process rank 0 started outlived its group's kill"
+
+
+@pytest.mark.slow(reason=_SLOW_WHY)
+def test_the_real_ranks_forked_from_the_zygote_see_what_fresh_ones_see(
+    cross_entropy, running_zygote, monkeypatch
+):
+    """The same runs, number for number, for the installed forward and the vendored one."""
+    sets = {
+        "installed": megatron_lm_7466._file_of(megatron_lm_7466._MODULE),
+        "vendored": megatron_lm_7466._file_of(megatron_lm_7466._VENDORED),
+    }
+    forked = megatron_lm_7466.run_two_ranks(sets)
+    monkeypatch.setenv("MEGATRON_BACKPORTS_ZYGOTE", "0")
+    assert megatron_lm_7466.run_two_ranks(sets) == forked
+    assert megatron_lm_7466._judge(forked["sets"]["installed"]).fixed is False
+    assert megatron_lm_7466._judge(forked["sets"]["vendored"]).fixed is True

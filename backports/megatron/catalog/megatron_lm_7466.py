@@ -9,7 +9,11 @@ wrong (the partition's size is saved for backward). Nothing raises.
 The bug shows only across ranks, so the sniff runs a two-rank gloo group on CPU: two child
 interpreters (``_vocab_parallel_child``) meeting at a file store in a private folder (no
 port is chosen), each judging the installed forward and the vendored one against a
-single-process float64 reference. That costs two imports of torch and megatron (seconds),
+single-process float64 reference. Where the zygote runs (``interpreter.zygote``: torch
+imported once; ``check`` and ``apply`` start it for this sniff) and can stand for a fresh
+interpreter, both ranks are forked from it, else both start as fresh interpreters; either
+way each leads a process group of its own, killed whole when its peer fails or the time
+runs out. The ranks still cost seconds (two imports of megatron, or of torch and megatron),
 so the entry's sniff runs ``on_demand``: under ``backports check`` and ``backports apply``
 only, its proof kept in the proof store; ``status`` and a job's processes read the proof
 and, where none is stored, say "not yet checked" instead of starting the ranks.
@@ -26,10 +30,11 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from packaging.version import Version
 
+from ..interpreter import zygote
 from ..model import (
     VENDOR_PACKAGE,
     BackportSpec,
@@ -98,31 +103,93 @@ def _environment() -> dict[str, str]:
     return env
 
 
+class _Rank(Protocol):
+    """A rank's process: a fresh interpreter's ``Popen`` (``_Started``) or the zygote's
+    grandchild (``zygote.Spawned``); ``kill`` ends its whole process group."""
+
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def kill(self) -> None: ...
+
+
+class _Started:
+    """A rank started as a fresh interpreter, leading a process group of its own; its
+    output in the files ``out-N`` and ``err-N`` of the private folder."""
+
+    def __init__(self, command: list[str], folder: Path, rank: int) -> None:
+        self.folder, self.rank = folder, rank
+        with (folder / f"out-{rank}").open("w") as out, (folder / f"err-{rank}").open("w") as err:
+            self.process = subprocess.Popen(
+                command, cwd=folder, env=_environment(), stdout=out, stderr=err, process_group=0
+            )
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        self.returncode = self.process.poll()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.returncode = self.process.wait(timeout)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            zygote.kill_group(self.process.pid)
+
+    @property
+    def stdout(self) -> str:
+        return (self.folder / f"out-{self.rank}").read_text(errors="replace")
+
+    @property
+    def stderr(self) -> str:
+        return (self.folder / f"err-{self.rank}").read_text(errors="replace")
+
+
+def _start_ranks(requests: list[dict[str, Any]], folder: Path) -> list[Any]:
+    """The ranks forked from the running zygote where it can stand for fresh interpreters
+    (both, or neither: two ranks must see the same megatron), else started fresh."""
+    spawned: list[zygote.Spawned] = []
+    source = _CHILD.read_text(encoding="utf-8")
+    for request in requests:
+        one = zygote.spawn(
+            source,
+            str(_CHILD),
+            [str(_CHILD), json.dumps(request)],
+            path=request["sys_path"],
+            env=_environment(),
+            ready_within=_CHILD_TIMEOUT_S,
+        )
+        if one is None:
+            _end(spawned)
+            break
+        spawned.append(one)
+    if len(spawned) == len(requests):
+        return spawned
+    return [_Started(_rank_command(request), folder, request["rank"]) for request in requests]
+
+
 def run_two_ranks(sets: dict[str, str]) -> dict[str, Any]:
     """Each set (label -> the file of a forward) judged by two gloo ranks on CPU, in two
-    fresh interpreters (``-I``, a private working folder, this process's ``sys.path``, the
-    backports off): ``{"sets": {label: [rank 0's runs, rank 1's]}, "megatron": path}``."""
+    fresh interpreters or two forks of the zygote that stand for them (``-I``, a private
+    working folder, this process's ``sys.path``, the backports off):
+    ``{"sets": {label: [rank 0's runs, rank 1's]}, "megatron": path}``."""
     searched = [entry for entry in sys.path if entry]
     with tempfile.TemporaryDirectory(prefix="megatron-backports-7466-") as name:
         folder = Path(name)
-        ranks = []
-        for rank in range(_RANKS):
-            request = {"sys_path": searched, "rank": rank, "store": str(folder / "store")}
-            request["sets"] = sets
-            with (
-                (folder / f"out-{rank}").open("w") as out,
-                (folder / f"err-{rank}").open("w") as err,
-            ):
-                command = _rank_command(request)
-                ranks.append(
-                    subprocess.Popen(
-                        command, cwd=folder, env=_environment(), stdout=out, stderr=err
-                    )
-                )
-        _wait_for(ranks)
+        requests = [
+            {"sys_path": searched, "rank": rank, "store": str(folder / "store"), "sets": sets}
+            for rank in range(_RANKS)
+        ]
+        ranks = _start_ranks(requests, folder)
+        try:
+            _wait_for(ranks)
+        finally:  # interrupted: no rank is left waiting for its peer
+            _end(ranks)
         # A rank that failed first: the one that ended its peer says why.
         order = sorted(range(_RANKS), key=lambda rank: ranks[rank].returncode in (0, -9))
-        said = {rank: _answer(rank, ranks[rank], folder) for rank in order}
+        said = {rank: _answer(rank, ranks[rank]) for rank in order}
         answers = [said[rank] for rank in range(_RANKS)]
     return {
         "sets": {label: [answer["sets"][label] for answer in answers] for label in sets},
@@ -130,25 +197,29 @@ def run_two_ranks(sets: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _wait_for(ranks: "list[subprocess.Popen[bytes]]") -> None:
+def _end(ranks: Sequence[_Rank]) -> None:
+    """Each rank still running killed with its process group, and waited for."""
+    for process in ranks:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def _wait_for(ranks: Sequence[_Rank]) -> None:
     """Until every rank has ended; one that fails, or the time limit, ends the others (a
     rank alone would wait for its peer)."""
     deadline = time.monotonic() + _CHILD_TIMEOUT_S
     while any(process.poll() is None for process in ranks):
         failed = any(process.poll() not in (None, 0) for process in ranks)
         if failed or time.monotonic() > deadline:
-            for process in ranks:
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
+            _end(ranks)
             return
         time.sleep(0.1)
 
 
-def _answer(rank: int, process: "subprocess.Popen[bytes]", folder: Path) -> dict[str, Any]:
+def _answer(rank: int, process: Any) -> dict[str, Any]:
     """What one rank printed, or why it said nothing."""
-    out = (folder / f"out-{rank}").read_text(errors="replace")
-    err = (folder / f"err-{rank}").read_text(errors="replace")
+    out, err = str(process.stdout), str(process.stderr)
     lines = [line for line in out.splitlines() if line.startswith("SNIFF ")]
     if process.returncode != 0 or len(lines) != 1:
         tail = (err or out).strip().splitlines()[-1:] or ["no output"]

@@ -270,14 +270,16 @@ def _proved_once(
     return decision
 
 
-def start_children_early(specs: Sequence[BackportSpec]) -> None:
+def start_children_early(specs: Sequence[BackportSpec], on_demand: bool = False) -> None:
     """Start the zygote (``interpreter.zygote``: torch imported once for every sniff child)
     now, beside the in-process work, when one of ``specs`` sniffs in children and the proof
-    store holds no verdict on it: its seconds of imports overlap this process's own."""
+    store holds no verdict on it: its seconds of imports overlap this process's own.
+    ``on_demand``: the sniffs marked ``sniff_on_demand`` run too (``check``, ``apply()``):
+    their ranks are forked from it."""
     for spec in specs:
         in_child = spec.sniff_in_child or any(kind_of(t).sniff_in_child for t in spec.targets)
-        # A sniff run on demand starts children of its own, never the zygote's.
-        if in_child and not spec.sniff_on_demand and not verdict_cache.stored_for(spec):
+        runs = on_demand or not spec.sniff_on_demand  # else only its proof is read
+        if in_child and runs and not verdict_cache.stored_for(spec):
             try:
                 zygote.start(children.child_path())
             except OSError as exc:  # an optimisation only: a sniff starts its own child

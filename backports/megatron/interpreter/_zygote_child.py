@@ -9,7 +9,9 @@ whether triton reads ``TRITON_INTERPRET`` when a kernel is decorated), and answe
 one JSON line each on stdin: it forks a grandchild that takes the request's environment,
 ``sys.path`` and ``argv``, starts in a private empty folder of its own with its output in
 files, and runs the script as ``__main__``; the grandchild's pid, then its exit status and
-output, go back as JSON lines. Stdin closed: the grandchildren still running are killed.
+output, go back as JSON lines. A request that says ``"group"`` runs in a process group of its
+own (the caller kills the group: what the grandchild started too). Stdin closed: the
+grandchildren still running are killed, with their groups.
 This file imports nothing of megatron-backports (it runs with the backports off).
 """
 
@@ -116,6 +118,8 @@ def _grandchild(request: dict[str, Any], folder: str) -> None:
     """Become the request's interpreter: never returns."""
     code = 1
     try:
+        if request.get("group"):
+            os.setpgid(0, 0)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         os.dup2(os.open(os.path.join(folder, "stdout"), flags, 0o600), 1)
@@ -156,6 +160,10 @@ def _start(request: dict[str, Any], running: dict[int, tuple[object, str]]) -> N
     pid = os.fork()
     if pid == 0:
         _grandchild(request, folder)
+    if request.get("group"):
+        # Here too, so that the group exists before the caller hears the pid.
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)
     running[pid] = (request["id"], folder)
     _say({"id": request["id"], "pid": pid})
 
@@ -185,6 +193,15 @@ def _reap(running: dict[int, tuple[object, str]], block: bool) -> None:
         _say({"id": request_id, "returncode": code, "stdout": out, "stderr": err})
 
 
+def _kill_group(pid: int) -> None:
+    """The process group ``pid`` leads (a ``"group"`` request's), else ``pid`` alone."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _serve() -> None:
     running: dict[int, tuple[object, str]] = {}
     pending = b""
@@ -202,8 +219,7 @@ def _serve() -> None:
                 _start(json.loads(line), running)
         _reap(running, block=False)
     for pid in list(running):  # the caller is gone: nobody reads these answers
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+        _kill_group(pid)
     _reap(running, block=True)
 
 

@@ -32,8 +32,9 @@ from . import forked_zygote
 
 _SERVER = Path(__file__).with_name("_zygote_child.py")
 _PATH_VARIABLE = "MEGATRON_BACKPORTS_CHILD_PATH"
-# What differs between requests and decides nothing of the zygote's own imports.
-_PER_REQUEST = ("TRITON_INTERPRET", "PYTEST_CURRENT_TEST", _PATH_VARIABLE)
+# What differs between requests and decides nothing of the zygote's own imports (gloo reads
+# GLOO_SOCKET_IFNAME when a process group is made, in a grandchild).
+_PER_REQUEST = ("TRITON_INTERPRET", "PYTEST_CURRENT_TEST", "GLOO_SOCKET_IFNAME", _PATH_VARIABLE)
 _OFF = "MEGATRON_BACKPORTS"
 
 
@@ -91,6 +92,7 @@ class Zygote:
         self.answers: dict[int, dict[str, Any]] = {}
         self.events: dict[int, threading.Event] = {}
         self.pids: dict[int, int] = {}
+        self.pid_known: dict[int, threading.Event] = {}
         self.next_id = 0
         self.served: dict[tuple[str, ...], bool] = {}
         threading.Thread(target=self._read, name="backports-zygote", daemon=True).start()
@@ -106,6 +108,9 @@ class Zygote:
             with self.lock:
                 if "pid" in message:
                     self.pids[message["id"]] = message["pid"]
+                    known = self.pid_known.get(message["id"])
+                    if known is not None:
+                        known.set()
                     continue
                 self.answers[message["id"]] = message
                 event = self.events.get(message["id"])
@@ -113,7 +118,7 @@ class Zygote:
                 event.set()
         with self.lock:  # gone: every waiting request is told
             self.ready.set()
-            for event in self.events.values():
+            for event in [*self.events.values(), *self.pid_known.values()]:
                 event.set()
 
     def alive(self) -> bool:
@@ -137,14 +142,13 @@ class Zygote:
             self.served[key] = _finds_the_same(hello.get("origins"), path)
         return self.served[key]
 
-    def run(
-        self, request: dict[str, Any], timeout: float
-    ) -> "subprocess.CompletedProcess[str] | None":
-        event = threading.Event()
+    def submit(self, request: dict[str, Any]) -> int | None:
+        """Send ``request``: its id, or None where the zygote is gone."""
         with self.lock:
             request_id = self.next_id
             self.next_id += 1
-            self.events[request_id] = event
+            self.events[request_id] = threading.Event()
+            self.pid_known[request_id] = threading.Event()
         try:
             assert self.process.stdin is not None
             with self.lock:
@@ -152,14 +156,46 @@ class Zygote:
                 self.process.stdin.flush()
         except (OSError, ValueError):
             return None
+        return request_id
+
+    def answered(self, request_id: int) -> bool:
+        """Whether the request ended (or the zygote did): ``answer`` no longer waits."""
+        event = self.events.get(request_id)
+        return event is None or event.is_set()
+
+    def answer(self, request_id: int) -> dict[str, Any] | None:
+        """The request's exit status and output, forgotten here; None where the zygote
+        went away first."""
+        with self.lock:
+            answer = self.answers.pop(request_id, None)
+            self.events.pop(request_id, None)
+            self.pid_known.pop(request_id, None)
+            self.pids.pop(request_id, None)
+        return answer
+
+    def kill_group(self, request_id: int, wait: float = 5.0) -> None:
+        """SIGKILL to the request's process group (its grandchild leads one: ``"group"``),
+        once the zygote has said its pid; the answer (-9) still comes."""
+        known = self.pid_known.get(request_id)
+        if known is not None:
+            known.wait(wait)
+        with self.lock:
+            pid = self.pids.get(request_id)
+        if pid is not None:
+            kill_group(pid)
+
+    def run(
+        self, request: dict[str, Any], timeout: float
+    ) -> "subprocess.CompletedProcess[str] | None":
+        request_id = self.submit(request)
+        if request_id is None:
+            return None
+        event = self.events[request_id]
         argv = [sys.executable, "-I", str(request["argv0"]), *map(str, request["args"])]
         if not event.wait(timeout):
             self._kill(request_id)
             raise subprocess.TimeoutExpired(argv, timeout)
-        with self.lock:
-            answer = self.answers.pop(request_id, None)
-            self.events.pop(request_id, None)
-            self.pids.pop(request_id, None)
+        answer = self.answer(request_id)
         if answer is None:  # the zygote went away
             return None
         return subprocess.CompletedProcess(
@@ -170,6 +206,7 @@ class Zygote:
         with self.lock:
             pid = self.pids.pop(request_id, None)
             self.events.pop(request_id, None)
+            self.pid_known.pop(request_id, None)
         if pid is not None:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
@@ -185,6 +222,49 @@ class Zygote:
             self.process.kill()
             self.process.wait()
         self.folder.cleanup()
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL to the process group ``pid`` leads (what it started too), else to ``pid``."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+class Spawned:
+    """A request running in a grandchild of the zygote, in a process group of its own: what
+    a caller that runs several at once uses of ``subprocess.Popen`` (``poll``, ``wait``,
+    ``kill``: the whole group), and once it has ended its ``stdout`` and ``stderr``."""
+
+    def __init__(self, zygote: Zygote, request_id: int) -> None:
+        self._zygote, self._id = zygote, request_id
+        self.returncode: int | None = None
+        self.stdout = self.stderr = ""
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._zygote.answered(self._id):
+            answer = self._zygote.answer(self._id)
+            if answer is None:  # the zygote went away: the grandchild with it
+                self.returncode, self.stderr = -9, "the zygote ended"
+            else:
+                self.returncode = int(answer["returncode"])
+                self.stdout, self.stderr = str(answer["stdout"]), str(answer["stderr"])
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        event = self._zygote.events.get(self._id)
+        if self.returncode is None and event is not None:
+            event.wait(timeout)
+        code = self.poll()
+        if code is None:
+            raise subprocess.TimeoutExpired(["zygote request"], timeout or 0)
+        return code
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            self._zygote.kill_group(self._id)
 
 
 def _finds_the_same(origins: object, path: Sequence[str]) -> bool:
@@ -272,6 +352,38 @@ def run(
         "env": dict(env),
     }
     return zygote.run(request, timeout)
+
+
+def spawn(
+    source: str,
+    filename: str,
+    argv: Sequence[str],
+    *,
+    path: Sequence[str],
+    env: Mapping[str, str],
+    ready_within: float,
+) -> Spawned | None:
+    """``source`` started as ``__main__`` in a grandchild of the running zygote that leads
+    a process group of its own (``sys.argv`` ``argv``, as ``run`` says), without waiting for
+    it; None where no zygote runs (none is started here) or it cannot stand for a plain
+    ``python -I`` child. ``ready_within``: how long one still importing may take."""
+    if _off():
+        return None
+    with _LOCK:
+        zygote = _CURRENT[0] if _CURRENT else None
+    if zygote is None or not zygote.alive() or not zygote.serves(path, env, ready_within):
+        return None
+    request = {
+        "source": source,
+        "filename": filename,
+        "argv0": argv[0],
+        "args": list(argv[1:]),
+        "path": list(path),
+        "env": dict(env),
+        "group": True,
+    }
+    request_id = zygote.submit(request)
+    return None if request_id is None else Spawned(zygote, request_id)
 
 
 @atexit.register

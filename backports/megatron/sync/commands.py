@@ -27,6 +27,7 @@ from ..vendored import (
     python_files_digest,
     render_upstream,
     symbols,
+    upstream_name,
 )
 from ..vendored.manifest import FILE_NAME
 from .errors import Interrupted, Refused, SourceError, UsageError, WriteError
@@ -88,8 +89,9 @@ def _tidy(vendor: Path, dry_run: bool, report: SyncReport) -> None:
 
 def _pieces(manifest: UpstreamToml, source: Source) -> list[Piece]:
     """What to vendor: each target symbol, then the module state listed in ``carry``;
-    each read from ``symbol_paths``'s file for it, else from the manifest's source, and
-    defined under the name the catalog entry's target looks for."""
+    each read from ``symbol_paths``'s file for it, else from the manifest's source, under
+    the name upstream gives it (``upstream_names``), and defined under the name the catalog
+    entry's target looks for."""
     paths = manifest.get("symbol_paths", {})
     names = vendored_names(str(manifest["id"]))
     pieces = []
@@ -98,7 +100,8 @@ def _pieces(manifest: UpstreamToml, source: Source) -> list[Piece]:
     ]:
         path = paths.get(name, source.path)
         module = _module_name(manifest["path"] if path == source.path else path)
-        pieces.append(Piece(path, module, name, carried, names.get(name, "")))
+        read_as = "" if carried else upstream_name(manifest, name)
+        pieces.append(Piece(path, module, name, carried, names.get(name, ""), read_as))
     return pieces
 
 
@@ -114,6 +117,7 @@ def _provenance(manifest: UpstreamToml, sha: str, source_path: str) -> Provenanc
         target_module=_module_name(manifest["path"]),
         # Not once the move is done: the source is then read from the new place.
         moved_path=None if source_path == moved else moved,
+        upstream_names=tuple(manifest.get("upstream_names", {}).items()),
     )
 
 
@@ -133,7 +137,8 @@ def _fetch_candidate(
         commit = resolve_commit(repo, sha, url, pr)
         if pr is not None and not repo.is_ancestor(commit.hexsha, f"refs/pull/{pr}/head"):
             report.say(f"note: {commit.hexsha[:12]} is not on refs/pull/{pr}/head")
-        owner = symbols(manifest)[0].partition(".")[0]  # what the source must define
+        # What the source must define, as upstream names it.
+        owner = upstream_name(manifest, symbols(manifest)[0]).partition(".")[0]
         source = read_source(commit, manifest["path"], owner, manifest.get("moved_path"))
         if source.note:
             report.say(f"note: {source.note}")
@@ -159,8 +164,8 @@ def _fix_texts(
     read: Callable[[str], str],
 ) -> dict[str, str] | None:
     """At the fix's merge commit, each symbol's normalised digest (what the ``upstream``
-    verdict compares the installed text with); None at another commit, or where a symbol's
-    text is not found there."""
+    verdict compares the installed text with), read under upstream's name for it and keyed
+    by the catalog's; None at another commit, or where a symbol's text is not found there."""
     if sha != manifest.get("merge_sha"):
         return None
     paths = manifest.get("symbol_paths", {})
@@ -176,8 +181,10 @@ def _fix_texts(
         return known[path]
 
     names = symbols(manifest)
-    found = symbol_digests(text_of, names)
-    return found if len(found) == len(names) else None
+    catalog_name = {upstream_name(manifest, name): name for name in names}
+    found = symbol_digests(lambda read_as: text_of(catalog_name[read_as]), list(catalog_name))
+    keyed = {catalog_name[read_as]: digest for read_as, digest in found.items()}
+    return keyed if len(keyed) == len(names) else None
 
 
 def _synced_manifest(folder: VendoredFolder, candidate: _Candidate) -> UpstreamToml:

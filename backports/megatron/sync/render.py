@@ -46,6 +46,8 @@ class Provenance:
     target_module: str  # the default ``__target_module__``; the applier rebinds it
     # Where upstream plans to move the module (UPSTREAM.toml's ``moved_path``), or None.
     moved_path: str | None = None
+    # (symbol, upstream's name for it) where they differ (UPSTREAM.toml's ``upstream_names``).
+    upstream_names: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         # Each value lands in a comment, a docstring or a string literal of generated code:
@@ -53,6 +55,7 @@ class Provenance:
         # or a flag, not from this tool).
         fields = {"repo": self.repo, "pr": str(self.pr), "sha": self.sha, "path": self.path}
         fields.update(symbol=self.symbol, moved_path=self.moved_path or "x")
+        fields.update({f"upstream name of {k}": v for k, v in self.upstream_names})
         for name, value in fields.items():
             why = unsafe_text(value)
             if why is not None:
@@ -72,6 +75,14 @@ class Piece:
     # The name the vendored module defines it under (the catalog target's ``replacement``,
     # e.g. ``layer_wise_optimizer_init`` for ``Class.__init__``); "" = its own name.
     defined_as: str = ""
+    # The name upstream gives ``symbol`` at the commit read, where it differs (a class
+    # renamed on main: UPSTREAM.toml's ``upstream_names``); "" = ``symbol``.
+    upstream_symbol: str = ""
+
+    @property
+    def read_as(self) -> str:
+        """What upstream's file calls it."""
+        return self.upstream_symbol or self.symbol
 
     @property
     def name(self) -> str:
@@ -127,11 +138,26 @@ def _segment(source: str, func: ast.FunctionDef) -> str:
     return "".join(lines[first - 1 : last])
 
 
-def _method(tree: ast.Module, symbol: str, where: str) -> ast.FunctionDef:
+def _kind(stmt: ast.stmt) -> str:
+    if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
+        return "a function"
+    return f"bound by an ast.{type(stmt).__name__} statement"
+
+
+def _method(tree: ast.Module, symbol: str, where: str, renamed: bool) -> ast.FunctionDef:
     owner, _, name = symbol.partition(".")
     cls = defines(tree, owner)
     if not isinstance(cls, ast.ClassDef):
-        raise SourceError(f"{where} defines no top-level class {owner!r}")
+        # A class renamed upstream after the release leaves this name unbound, or bound to
+        # something else (#5865 made FullyShardedDataParallel a function that picks a class).
+        bound = "" if cls is None else f" ({owner} is {_kind(cls)} there)"
+        hint = (
+            ""
+            if renamed
+            else f"; if upstream renamed the class, give upstream's name for {symbol} in "
+            "UPSTREAM.toml's upstream_names"
+        )
+        raise SourceError(f"{where} defines no top-level class {owner!r}{bound}{hint}")
     found = [s for s in cls.body if isinstance(s, ast.FunctionDef) and s.name == name]
     if not found:
         raise SourceError(f"class {owner} in {where} defines no method {name!r}")
@@ -172,13 +198,14 @@ def _statement_text(source: str, stmt: ast.stmt) -> str:
 
 def _piece_text(piece: Piece, source: str, tree: ast.Module, where: str) -> tuple[str, list[str]]:
     """Upstream's text of ``piece``, and the decorators left off it (a method's)."""
+    renamed = piece.read_as != piece.symbol
     if "." in piece.symbol:
-        return _method_segment(source, _method(tree, piece.symbol, where))
-    stmt = defines(tree, piece.symbol)
+        return _method_segment(source, _method(tree, piece.read_as, where, renamed))
+    stmt = defines(tree, piece.read_as)
     if stmt is None:
-        raise SourceError(f"{where} defines no top-level {piece.symbol!r}")
+        raise SourceError(f"{where} defines no top-level {piece.read_as!r}")
     if not piece.carried or isinstance(stmt, ast.FunctionDef):
-        stmt = find_function(tree, piece.symbol, where)
+        stmt = find_function(tree, piece.read_as, where)
     return _statement_text(source, stmt), []
 
 
@@ -341,6 +368,7 @@ def _render_piece(
     text = _replace_names(segment, live, live_expr)
     _verify(text, segment, live, live_expr)
     if isinstance(node, ast.FunctionDef) and "." in piece.symbol:
+        # The class as the release names it (the live module's), whatever upstream calls it.
         text = _explicit_super(text, f"{live_expr}.{piece.symbol.partition('.')[0]}", piece)
     if isinstance(node, ast.FunctionDef) and piece.name != node.name:
         text = _renamed(text, node.name, piece.name)
@@ -419,6 +447,7 @@ def _head(p: Provenance, future: tuple[str, ...], imports: list[str]) -> str:
         f"# sha:    {p.sha}",
         f"# path:   {p.path}",
         f"# symbol: {p.symbol}",
+        *(f"# read as: {name} (upstream's name for {symbol})" for symbol, name in p.upstream_names),
         "# origin: synced by backports sync: upstream's code as it is, except that the module",
         "#         globals it reads are looked up on the live upstream modules.",
         "# Upstream code is not held to this repository's lint rules:",

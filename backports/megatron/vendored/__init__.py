@@ -10,7 +10,14 @@ a vendored folder through these names.
 from .folder import VendoredFolder, check_integrity, folder_of, folders_under, locate, read_upstream
 from .integrity import Integrity, drift_reason, python_files_digest
 from .loading import load_replacement, replacement_functions, vendored_module
-from .manifest import ManifestError, UpstreamToml, parse_upstream, render_upstream, symbols
+from .manifest import (
+    ManifestError,
+    UpstreamToml,
+    parse_upstream,
+    render_upstream,
+    symbols,
+    upstream_name,
+)
 
 __all__ = [
     "Integrity",
@@ -29,5 +36,6 @@ __all__ = [
     "render_upstream",
     "replacement_functions",
     "symbols",
+    "upstream_name",
     "vendored_module",
 ]

@@ -13,6 +13,11 @@ handwritten folder of an open pull request (no ``merge_sha``) whose head is not 
 a folder of a merged one that says ``head_unknown = true`` (a squash merge whose head no
 available clone holds: handwritten, or derived by ``--from-pr`` from a plain clone); its
 ``origin_note`` says so, and git ancestry then checks ``merge_sha`` alone, or nothing.
+
+``upstream_names`` maps a ``symbol`` to the name upstream gives it where the two differ (a
+class renamed on main after the release: ``"FullyShardedDataParallel.__init__" =
+"FullyShardedDataParallelV1.__init__"``); a sync reads the right-hand name upstream and writes
+the left-hand one. Only names in ``symbol`` may be mapped (``upstream_name()``).
 """
 
 import json
@@ -63,6 +68,7 @@ class UpstreamToml(TypedDict):
     carry: NotRequired[list[str]]
     symbol_paths: NotRequired[dict[str, str]]
     fixed_symbols_sha256: NotRequired[dict[str, str]]
+    upstream_names: NotRequired[dict[str, str]]  # symbol -> upstream's name for it
 
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -177,6 +183,19 @@ def _digest_table(value: Any) -> str | None:
     return None if ok else "a table of symbol = sha256 (64 lowercase hex digits)"
 
 
+def _name_table(value: Any) -> str | None:
+    """Each name mapped to one of the same shape: a method stays a method."""
+    ok = isinstance(value, dict) and all(
+        isinstance(v, str)
+        and _symbol(k) is None
+        and _symbol(v) is None
+        and k.count(".") == v.count(".")
+        and k != v
+        for k, v in value.items()
+    )
+    return None if ok else 'a table of symbol = its upstream name ("Class.m" = "NewClass.m")'
+
+
 def _origin(value: Any) -> str | None:
     return None if value in ORIGINS else f"one of {', '.join(map(repr, ORIGINS))}"
 
@@ -228,6 +247,8 @@ OPTIONAL: dict[str, Callable[[Any], str | None]] = {
     # Per carried symbol, the sha256 of its normalised AST at ``merge_sha``
     # (``evidence.fix_text``): the fix's text, for the ``upstream`` verdict's text evidence.
     "fixed_symbols_sha256": _digest_table,
+    # A symbol -> the name upstream gives it at the commits a sync reads (a renamed class).
+    "upstream_names": _name_table,
 }
 
 
@@ -255,13 +276,34 @@ def manifest_problems(data: Mapping[str, Any], *, hashes_required: bool = True) 
             wanted = check(data[key])
             if wanted is not None:
                 problems.append(f"{key} must be {wanted}, not {data[key]!r}")
+    problems += _unknown_upstream_names(data)
     return problems
+
+
+def _unknown_upstream_names(data: Mapping[str, Any]) -> list[str]:
+    """``upstream_names`` may map only the names ``symbol`` lists (a typo'd key would
+    otherwise be read by nothing, and the sync would look the release's name up)."""
+    names: Any = data.get("upstream_names")
+    symbol: Any = data.get("symbol")
+    if _name_table(names) is not None or _symbol(symbol) is not None:
+        return []  # absent, or its own problem said above
+    listed: list[str] = [symbol] if isinstance(symbol, str) else symbol
+    stray = [key for key in names if key not in listed]
+    return [
+        f"upstream_names maps {key!r}, which symbol does not list ({', '.join(listed)})"
+        for key in stray
+    ]
 
 
 def symbols(data: UpstreamToml) -> list[str]:
     """``symbol`` of a valid manifest as a list (one name, or several in target order)."""
     value = data["symbol"]
     return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def upstream_name(data: UpstreamToml, symbol: str) -> str:
+    """The name upstream gives ``symbol`` (``upstream_names``), or ``symbol`` itself."""
+    return data.get("upstream_names", {}).get(symbol, symbol)
 
 
 def parse_upstream(text: str, where: str, *, hashes_required: bool = True) -> UpstreamToml:
