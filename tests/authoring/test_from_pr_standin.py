@@ -395,3 +395,123 @@ def test_a_class_that_exists_only_with_transformer_engine_says_so_in_one_line() 
         "here: no route can run it (derive where Transformer Engine is installed, or write the "
         "sniff by hand)"
     ]
+
+
+CALLEES_TOY = """
+import math
+
+import torch
+
+from toylib_fixture import AutoThing, ThingError
+
+
+def _carried(x):
+    return x
+
+
+def reduce_installed(input_, group):
+    if group.size() == 1:
+        return input_
+    torch.distributed.all_reduce(input_.contiguous(), group=group)
+    return input_
+
+
+def reduce_fixed(input_, group):
+    if group.size() == 1:
+        return input_
+    input_ = input_.contiguous()
+    torch.distributed.all_reduce(input_, group=group)
+    return input_
+
+
+def load_installed(self, path, merges=None):
+    try:
+        self.thing = AutoThing.from_pretrained(path, merge_files=merges, floor=math.floor(1.5))
+    except ThingError:
+        self.thing = None
+    return _carried(self.thing)
+
+
+def load_fixed(self, path, merges=None):
+    try:
+        self.thing = AutoThing.from_pretrained(path, merges_file=merges, floor=math.floor(1.5))
+    except ThingError:
+        self.thing = None
+    return _carried(self.thing)
+"""
+TOYLIB = """
+class ThingError(Exception):
+    pass
+
+
+class AutoThing:
+    @classmethod
+    def from_pretrained(cls, path, **kwargs):
+        raise OSError("would download " + repr(path))
+"""
+
+
+@pytest.fixture
+def callees_toy(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A module named like megatron's that calls ``torch.distributed`` and a library class
+    (``toylib_fixture``, written here: not the standard library), beside a helper of its own."""
+    (tmp_path / "megatron_fixture_callees.py").write_text(textwrap.dedent(CALLEES_TOY))
+    (tmp_path / "toylib_fixture.py").write_text(textwrap.dedent(TOYLIB))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import megatron_fixture_callees as toy
+
+        yield toy
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("megatron_fixture_callees", None)
+        sys.modules.pop("toylib_fixture", None)
+
+
+def test_callee_recorders_take_process_groups_and_library_callees(callees_toy) -> None:
+    """Route c's last try: ``torch``'s ``distributed`` and ``cuda`` (the rest of torch stays
+    real), a library class; not the standard library, an exception class, nor a helper the
+    vendored (fixed) module defines itself."""
+    toy = callees_toy
+    functions = [toy.reduce_installed, toy.reduce_fixed, toy.load_installed, toy.load_fixed]
+    assert explore.recorders_for(functions, vars(toy)) == ()
+    found = explore.callee_recorders(functions, vars(toy))
+    assert found == ("AutoThing", "torch.cuda", "torch.distributed")
+    assert "_carried" not in found and "ThingError" not in found and "math" not in found
+
+
+@pytest.mark.parametrize(
+    ("installed", "fixed", "differs_at"),
+    [
+        ("reduce_installed", "reduce_fixed", "return <input_.contiguous#0()>"),
+        ("load_installed", "load_fixed", "call AutoThing.from_pretrained#0 merges_file=None"),
+    ],
+)
+def test_a_fix_in_what_a_callee_is_handed_is_found_with_callees_recorded(
+    callees_toy, installed, fixed, differs_at
+) -> None:
+    """On CPU ``torch.distributed.all_reduce`` and a download raise on stand-ins in both
+    versions: the plain search sees nothing; with the callees recorded the versions hand
+    them (or return) different things, and the sniff judges both versions."""
+    toy = callees_toy
+    old, new = getattr(toy, installed), getattr(toy, fixed)
+    kwargs = {"target": installed, "module": toy.__name__, "with_globals": with_globals}
+    plain = explore.recorders_for([old, new], vars(toy))
+    assert explore.search(old, new, recorders=plain, seconds=5.0, **kwargs) is None
+    recorders = explore.callee_recorders([old, new], vars(toy))
+    found = explore.search(old, new, recorders=recorders, seconds=10.0, **kwargs)
+    assert found is not None
+    o = found.observation
+    assert differs_at in o.fixed, o
+    assert standin.judge(standin.seen(new, o, with_globals), o) is True
+    assert standin.judge(standin.seen(old, o, with_globals), o) is False
+
+
+def test_isinstance_of_a_recorded_class_is_a_question_the_search_can_flip() -> None:
+    def kind(x, Tensor):  # a recorded class, as a module global would be
+        return "one" if isinstance(x, Tensor) else "many"
+
+    setting = Setting(arguments={}, truths={"(isinstance <x> Tensor)": True})
+    assert _run(kind).outcome == "return 'many'"
+    assert _run(kind, setting).outcome == "return 'one'"
+    assert _run(kind).asked == ["(isinstance <x> Tensor)"]

@@ -277,6 +277,15 @@ class StandIn:
     def __exit__(self, *exc: object) -> None:
         return None
 
+    def __instancecheck__(self, instance: object) -> bool:
+        """``isinstance(x, Recorded)`` (a recorded class): a question, as ``bool()`` is."""
+        path = object.__getattribute__(self, "_si_path")
+        return bool(self._si_child(f"(isinstance {describe(instance)} {path})"))
+
+    def __subclasscheck__(self, subclass: type) -> bool:
+        path = object.__getattribute__(self, "_si_path")
+        return bool(self._si_child(f"(issubclass {describe(subclass)} {path})"))
+
     def __hash__(self) -> int:
         return hash(object.__getattribute__(self, "_si_path"))
 
@@ -330,6 +339,41 @@ class _ModuleView:
         return getattr(self._module(), name)
 
 
+class _RecordingModule:
+    """A module some of whose submodules are recorders (``torch`` with ``torch.distributed``
+    and ``torch.cuda`` recorded, named ``torch.distributed`` in ``recorders``): every other
+    attribute is the module's own."""
+
+    def __init__(self, module: object, recorded: Mapping[str, StandIn]) -> None:
+        self._module = module
+        self._recorded = dict(recorded)
+
+    def __getattr__(self, name: str) -> object:
+        if name in self._recorded:
+            return self._recorded[name]
+        return getattr(self._module, name)
+
+
+def _recorder_globals(
+    recorders: tuple[str, ...], run: Run, function: Function, module: str
+) -> dict[str, object]:
+    """The private globals ``recorders`` names: a stand-in for a plain name, a module with
+    recorded submodules for a dotted one (the module itself as the function reads it, or as
+    ``module`` has it where vendored code reads it live)."""
+    found: dict[str, object] = {}
+    submodules: dict[str, dict[str, StandIn]] = {}
+    for name in recorders:
+        top, _, rest = name.partition(".")
+        if rest:
+            submodules.setdefault(top, {})[rest] = StandIn(name, run)
+        else:
+            found[name] = StandIn(name, run)
+    for top, recorded in submodules.items():
+        real = function.__globals__.get(top, getattr(sys.modules.get(module), top, None))
+        found[top] = _RecordingModule(real, recorded)
+    return found
+
+
 def _private_copy(
     function: Function,
     recorders: Mapping[str, object],
@@ -381,7 +425,7 @@ def call(
         if p.kind == p.POSITIONAL_ONLY and name in kwargs
     ]
     args = [kwargs.pop(name) for name in positional_only]
-    stand_ins = {name: StandIn(name, run) for name in recorders}
+    stand_ins = _recorder_globals(recorders, run, function, module)
     private = _private_copy(function, stand_ins, module, with_globals)
     try:
         value = private(*args, **kwargs)
