@@ -10,7 +10,8 @@ from the fixed one:
     fixed code;
 (b) the test's observation lifted onto stand-ins (``explore.search`` with the names the
     test observes as its focus);
-(c) a differential search over inputs (``explore.search``, any difference).
+(c) a differential search over inputs (``explore.search``, any difference); where it finds
+    nothing, once more with the target's callees recorded (``explore.callee_recorders``).
 
 Soundness before speed: a candidate sniff of any route is kept only if it calls every
 semantics-preserving rewrite of the installed code (``rewrites``) *needed* and every

@@ -5,7 +5,8 @@ the tool besides public names, so it imports the standard library only.
 
 A function is called with a ``StandIn`` for every argument (``self`` and ``ctx`` too), and
 the callees that would touch a GPU or a process group are ``StandIn`` recorders in the
-function's private globals (``with_globals``). A stand-in has the attributes a
+function's private globals (``with_globals``); a dotted recorder name (``torch.distributed``)
+records that submodule of a module whose other attributes stay real. A stand-in has the attributes a
 ``Setting`` lists and no others: reading another raises ``AttributeError``, so
 ``hasattr`` and ``getattr(x, name, default)`` see it absent (the search then tries it
 present too: ``present``), and ``learn`` adds the attribute a call could not do without,
