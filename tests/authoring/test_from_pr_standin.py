@@ -218,7 +218,8 @@ def test_recorders_stand_in_for_callees_that_touch_a_gpu(tmp_path: Path) -> None
         recorders = explore.recorders_for([toy.target], vars(toy))
         assert recorders == ("scratch",)
         run = _run(toy.target, recorders=recorders, module="megatron_fixture_toy")
-        assert "call scratch#0 arg0=(2 * <self.n>)" not in run.facts  # double ran for real
+        # double ran for real; scratch's argument is recorded by its own parameter name
+        assert "call scratch#0 n=<(2 * self.n)>" in run.facts
         assert run.outcome.startswith("return <scratch#0()>")
     finally:
         sys.path.remove(str(tmp_path))
@@ -515,3 +516,27 @@ def test_isinstance_of_a_recorded_class_is_a_question_the_search_can_flip() -> N
     assert _run(kind).outcome == "return 'many'"
     assert _run(kind, setting).outcome == "return 'one'"
     assert _run(kind).asked == ["(isinstance <x> Tensor)"]
+
+
+def test_a_recorded_call_is_the_same_fact_positional_or_by_keyword(callees_toy) -> None:
+    """A recorder stands in for a real callee: what it was handed is recorded by the
+    callee's parameter names, so a fix that also rewrites ``f(x, g)`` as ``f(x, group=g)``
+    is not told apart by that (a sniff of spelling); a callee with no signature that
+    fits is recorded as handed."""
+    toy = callees_toy
+
+    def positional(input_, group):
+        torch.distributed.all_reduce(input_, None, group)
+        return toy.AutoThing.from_pretrained(input_, 1, 2, extra=3)
+
+    def by_keyword(input_, group):
+        torch.distributed.all_reduce(tensor=input_, group=group, op=None)
+        return toy.AutoThing.from_pretrained(input_, 1, 2, extra=3)
+
+    recorders = ("torch.distributed",)
+    facts = [
+        set(_run(f, recorders=recorders, module=toy.__name__).facts)
+        for f in (positional, by_keyword)
+    ]
+    assert facts[0] == facts[1]
+    assert "call torch.distributed.all_reduce#0 group=<group>" in facts[0]

@@ -197,15 +197,18 @@ def _unary(symbol: str) -> Callable[["StandIn"], "StandIn"]:
 class StandIn:
     """A recording stand-in at ``path`` (``self``, ``ctx.saved_tensors[1]``, ...)."""
 
-    def __init__(self, path: str, run: Run) -> None:
+    def __init__(self, path: str, run: Run, real: object = None) -> None:
         object.__setattr__(self, "_si_path", path)
         object.__setattr__(self, "_si_run", run)
         object.__setattr__(self, "_si_children", {})
+        # What a recorder stands in for (a callee, one of its attributes), else None: a
+        # call of it is recorded by the callee's own parameter names.
+        object.__setattr__(self, "_si_real", real)
 
-    def _si_child(self, path: str) -> "StandIn":
+    def _si_child(self, path: str, real: object = None) -> "StandIn":
         children = object.__getattribute__(self, "_si_children")
         if path not in children:
-            children[path] = StandIn(path, object.__getattribute__(self, "_si_run"))
+            children[path] = StandIn(path, object.__getattribute__(self, "_si_run"), real)
         return children[path]  # type: ignore[no-any-return]
 
     def __getattr__(self, name: str) -> "StandIn":
@@ -214,7 +217,7 @@ class StandIn:
         key = f"{path}.{name}"
         if not (name.startswith("__") and name.endswith("__")):
             if key in run.setting.attributes or run.setting.truths.get(present(key)):
-                return self._si_child(key)
+                return self._si_child(key, _attribute_of(self, name))
             run.missed.append(key)  # getattr(x, name, default), hasattr: the other outcome
         raise AttributeError(f"stand-in {path} has no attribute {name!r}", name=name, obj=self)
 
@@ -234,6 +237,10 @@ class StandIn:
         run: Run = object.__getattribute__(self, "_si_run")
         call = f"call {path}#{run.count(path)}"
         run.facts.append(call)
+        bound = _bound(object.__getattribute__(self, "_si_real"), args, kwargs)
+        if bound is not None:  # by parameter: positional or keyword, default or not, alike
+            run.facts += [f"{call} {k}={describe(v)}" for k, v in sorted(bound.items())]
+            return self._si_child(f"{call.removeprefix('call ')}()")
         run.facts += [f"{call} arg{i}={describe(a)}" for i, a in enumerate(args)]
         run.facts += [f"{call} {k}={describe(v)}" for k, v in sorted(kwargs.items())]
         return self._si_child(f"{call.removeprefix('call ')}()")
@@ -340,6 +347,43 @@ class _ModuleView:
         return getattr(self._module(), name)
 
 
+def _attribute_of(stand_in: StandIn, name: str) -> object:
+    """The real attribute behind a recorder's (``AutoTokenizer.from_pretrained``), or None."""
+    real = object.__getattribute__(stand_in, "_si_real")
+    if real is None:
+        return None
+    try:
+        return inspect.getattr_static(real, name, None) and getattr(real, name)
+    except Exception:  # a property of the class, a lazy import: no signature then
+        return None
+
+
+def _bound(
+    real: object, args: tuple[object, ...], kwargs: dict[str, object]
+) -> dict[str, object] | None:
+    """A recorded call's arguments by the real callee's parameter names (``f(x, None)``
+    and ``f(x, group=None)`` are one call); None where the callee has no signature or does
+    not take them (recorded as handed). Defaults are not filled in: a later release's new
+    parameter changes no fact."""
+    if real is None or not callable(real):
+        return None
+    try:
+        signature = inspect.signature(real)
+        bound = signature.bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    found: dict[str, object] = {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            found.update({f"{name}[{i}]": v for i, v in enumerate(value)})
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            found.update(value)
+        else:
+            found[name] = value
+    return found
+
+
 class _RecordingModule:
     """A module some of whose submodules are recorders (``torch`` with ``torch.distributed``
     and ``torch.cuda`` recorded, named ``torch.distributed`` in ``recorders``): every other
@@ -365,14 +409,20 @@ def _recorder_globals(
     submodules: dict[str, dict[str, StandIn]] = {}
     for name in recorders:
         top, _, rest = name.partition(".")
+        real = _real_global(function, module, top)
         if rest:
-            submodules.setdefault(top, {})[rest] = StandIn(name, run)
+            submodules.setdefault(top, {})[rest] = StandIn(name, run, getattr(real, rest, None))
         else:
-            found[name] = StandIn(name, run)
+            found[name] = StandIn(name, run, real)
     for top, recorded in submodules.items():
-        real = function.__globals__.get(top, getattr(sys.modules.get(module), top, None))
-        found[top] = _RecordingModule(real, recorded)
+        found[top] = _RecordingModule(_real_global(function, module, top), recorded)
     return found
+
+
+def _real_global(function: Function, module: str, name: str) -> object:
+    """The global as the function reads it, or as ``module`` has it where vendored code
+    reads it live."""
+    return function.__globals__.get(name, getattr(sys.modules.get(module), name, None))
 
 
 def _private_copy(
