@@ -425,6 +425,22 @@ def reduce_fixed(input_, group):
     return input_
 
 
+def zeros_installed(param, use_decoupled_grad=False):
+    grad = param.grad
+    total = grad.numel() - torch.count_nonzero(grad)
+    total = torch.tensor([total], dtype=torch.float, device="cpu")
+    torch.distributed.all_reduce(total)
+    return total.item(), torch.zeros(2).sum().item()
+
+
+def zeros_fixed(param, use_decoupled_grad=False):
+    grad = param.decoupled_grad if use_decoupled_grad else param.grad
+    total = grad.numel() - torch.count_nonzero(grad)
+    total = torch.tensor([total], dtype=torch.float, device="cpu")
+    torch.distributed.all_reduce(total)
+    return total.item(), torch.zeros(2).sum().item()
+
+
 def load_installed(self, path, merges=None):
     try:
         self.thing = AutoThing.from_pretrained(path, merge_files=merges, floor=math.floor(1.5))
@@ -477,8 +493,8 @@ def test_callee_recorders_take_process_groups_and_library_callees(callees_toy) -
     functions = [toy.reduce_installed, toy.reduce_fixed, toy.load_installed, toy.load_fixed]
     assert explore.recorders_for(functions, vars(toy)) == ()
     found = explore.callee_recorders(functions, vars(toy))
-    assert found == ("AutoThing", "torch.cuda", "torch.distributed")
-    assert "_carried" not in found and "ThingError" not in found and "math" not in found
+    assert found == ("AutoThing", "torch.*", "torch.cuda", "torch.distributed")
+    assert "_carried" not in found and "ThingError" not in found and "math.*" not in found
 
 
 @pytest.mark.parametrize(
@@ -486,6 +502,11 @@ def test_callee_recorders_take_process_groups_and_library_callees(callees_toy) -
     [
         ("reduce_installed", "reduce_fixed", "return <input_.contiguous#0()>"),
         ("load_installed", "load_fixed", "call AutoThing.from_pretrained#0 merges_file=None"),
+        (
+            "zeros_installed",
+            "zeros_fixed",
+            "call torch.count_nonzero#0 arg0=<param.decoupled_grad>",
+        ),
     ],
 )
 def test_a_fix_in_what_a_callee_is_handed_is_found_with_callees_recorded(
@@ -540,3 +561,21 @@ def test_a_recorded_call_is_the_same_fact_positional_or_by_keyword(callees_toy) 
     ]
     assert facts[0] == facts[1]
     assert "call torch.distributed.all_reduce#0 group=<group>" in facts[0]
+
+
+def test_a_torch_function_runs_for_real_unless_handed_a_stand_in(callees_toy) -> None:
+    """``torch.*``: a function handed only real values runs (its tensors are real, and no
+    fact: reordering real tensor arithmetic is no difference); one handed a stand-in, in a
+    list too, is recorded (no real one takes it); classes stay themselves."""
+    toy = callees_toy
+
+    def mixed(x):
+        real = torch.zeros(2).sum().item()
+        made = torch.tensor([x], dtype=torch.float)
+        return real, made, isinstance(made, torch.Tensor)
+
+    run = _run(mixed, recorders=("torch.*",), module=toy.__name__)
+    assert run.outcome == "return (0.0, <torch.tensor#0()>, False)"
+    assert {f for f in run.facts if "zeros" in f or "sum" in f} == set()
+    assert "call torch.tensor#0 arg0=[<x>]" in run.facts  # a builtin: no signature
+    assert "call torch.tensor#0 dtype=torch.float32" in run.facts

@@ -27,7 +27,16 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from .standin import Function, Observation, Run, Setting, WithGlobals, observe, present
+from .standin import (
+    HANDED_A_STAND_IN,
+    Function,
+    Observation,
+    Run,
+    Setting,
+    WithGlobals,
+    observe,
+    present,
+)
 
 # What a callee's source says when it allocates on a GPU or talks to a process group.
 _DEVICE_OR_GROUP = re.compile(
@@ -106,10 +115,14 @@ _DEVICE_OR_GROUP_MODULES = ("distributed", "cuda")
 def _module_recorders(name: str, value: types.ModuleType) -> list[str]:
     """``torch.distributed`` itself (``import torch.distributed as dist``) is recorded
     whole; of ``torch``, its ``distributed`` and ``cuda`` (``torch.distributed.all_reduce``
-    is then a call with what it was handed): the rest of the module stays real."""
+    is then a call with what it was handed), and a function handed a stand-in, which no
+    real one takes (``torch.*``); the rest of the module, and a standard one, stay real."""
     if value.__name__.split(".")[-1] in _DEVICE_OR_GROUP_MODULES:
         return [name]
-    return [
+    if value.__name__.split(".")[0] in sys.stdlib_module_names:
+        return []
+    # A library module's functions run for real unless handed a stand-in (``torch.*``).
+    return [f"{name}.{HANDED_A_STAND_IN}"] + [
         f"{name}.{sub}"
         for sub in _DEVICE_OR_GROUP_MODULES
         if isinstance(getattr(value, sub, None), types.ModuleType)

@@ -384,19 +384,67 @@ def _bound(
     return found
 
 
+# A recorder name ``torch.*``: of that module, every function handed a stand-in is recorded.
+HANDED_A_STAND_IN = "*"
+
+
+def _holds_stand_in(value: object, depth: int = 3) -> bool:
+    """A stand-in, or a list, tuple, set or dict holding one (a few levels down)."""
+    if isinstance(value, StandIn):
+        return True
+    if depth <= 0:
+        return False
+    if isinstance(value, dict):
+        value = [*value.keys(), *value.values()]
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(_holds_stand_in(item, depth - 1) for item in value)
+    return False
+
+
+class _WhereHandedAStandIn:
+    """A module's function that runs for real, unless it is handed a stand-in (which no
+    real ``torch.count_nonzero`` takes): then the call is recorded, as a recorder's is."""
+
+    def __init__(self, real: Callable[..., object], path: str, run: Run) -> None:
+        self._real, self._path, self._run = real, path, run
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        if _holds_stand_in(args) or _holds_stand_in(kwargs):
+            return StandIn(self._path, self._run, self._real)(*args, **kwargs)
+        return self._real(*args, **kwargs)
+
+
 class _RecordingModule:
     """A module some of whose submodules are recorders (``torch`` with ``torch.distributed``
     and ``torch.cuda`` recorded, named ``torch.distributed`` in ``recorders``): every other
-    attribute is the module's own."""
+    attribute is the module's own. With ``run`` (``torch.*`` in ``recorders``), its
+    functions and those of its submodules are recorded where handed a stand-in."""
 
-    def __init__(self, module: object, recorded: Mapping[str, StandIn]) -> None:
+    def __init__(
+        self,
+        module: object,
+        recorded: Mapping[str, StandIn],
+        run: Run | None = None,
+        path: str = "",
+    ) -> None:
         self._module = module
         self._recorded = dict(recorded)
+        self._run, self._path = run, path
 
     def __getattr__(self, name: str) -> object:
         if name in self._recorded:
             return self._recorded[name]
-        return getattr(self._module, name)
+        value = getattr(self._module, name)
+        if self._run is None or isinstance(value, type):
+            return value  # a class stays itself (isinstance, a subclass)
+        path = f"{self._path}.{name}"
+        if isinstance(value, types.ModuleType):
+            home = getattr(self._module, "__name__", "")
+            inside = value.__name__.startswith(f"{home}.")
+            return _RecordingModule(value, {}, self._run, path) if inside else value
+        if isinstance(value, types.FunctionType | types.BuiltinFunctionType):
+            return _WhereHandedAStandIn(value, path, self._run)
+        return value
 
 
 def _recorder_globals(
@@ -404,18 +452,24 @@ def _recorder_globals(
 ) -> dict[str, object]:
     """The private globals ``recorders`` names: a stand-in for a plain name, a module with
     recorded submodules for a dotted one (the module itself as the function reads it, or as
-    ``module`` has it where vendored code reads it live)."""
+    ``module`` has it where vendored code reads it live), whose functions are recorded
+    where handed a stand-in for ``name.*``."""
     found: dict[str, object] = {}
     submodules: dict[str, dict[str, StandIn]] = {}
+    guarded: set[str] = set()
     for name in recorders:
         top, _, rest = name.partition(".")
         real = _real_global(function, module, top)
-        if rest:
+        if rest == HANDED_A_STAND_IN:
+            guarded.add(top)
+            submodules.setdefault(top, {})
+        elif rest:
             submodules.setdefault(top, {})[rest] = StandIn(name, run, getattr(real, rest, None))
         else:
             found[name] = StandIn(name, run, real)
     for top, recorded in submodules.items():
-        found[top] = _RecordingModule(_real_global(function, module, top), recorded)
+        real = _real_global(function, module, top)
+        found[top] = _RecordingModule(real, recorded, run if top in guarded else None, top)
     return found
 
 
