@@ -441,6 +441,26 @@ def zeros_fixed(param, use_decoupled_grad=False):
     return total.item(), torch.zeros(2).sum().item()
 
 
+class Scaler:
+    scale = None
+
+    @staticmethod
+    def set_scale(value):
+        Scaler.scale = value
+
+
+def scale_installed(config, n):
+    return n
+
+
+def scale_fixed(config, n):
+    from megatron_fixture_callees import Scaler
+
+    if config.use_scaler:
+        Scaler.set_scale(n)
+    return n
+
+
 def load_installed(self, path, merges=None):
     try:
         self.thing = AutoThing.from_pretrained(path, merge_files=merges, floor=math.floor(1.5))
@@ -502,6 +522,7 @@ def test_callee_recorders_take_process_groups_and_library_callees(callees_toy) -
     [
         ("reduce_installed", "reduce_fixed", "return <input_.contiguous#0()>"),
         ("load_installed", "load_fixed", "call AutoThing.from_pretrained#0 merges_file=None"),
+        ("scale_installed", "scale_fixed", "call Scaler.set_scale#0 value=<n>"),
         (
             "zeros_installed",
             "zeros_fixed",
@@ -520,6 +541,7 @@ def test_a_fix_in_what_a_callee_is_handed_is_found_with_callees_recorded(
     kwargs = {"target": installed, "module": toy.__name__, "with_globals": with_globals}
     plain = explore.recorders_for([old, new], vars(toy))
     assert explore.search(old, new, recorders=plain, seconds=5.0, **kwargs) is None
+    toy.Scaler.scale = None  # the plain search ran the real one
     recorders = explore.callee_recorders([old, new], vars(toy))
     found = explore.search(old, new, recorders=recorders, seconds=10.0, **kwargs)
     assert found is not None
@@ -527,6 +549,7 @@ def test_a_fix_in_what_a_callee_is_handed_is_found_with_callees_recorded(
     assert differs_at in o.fixed, o
     assert standin.judge(standin.seen(new, o, with_globals), o) is True
     assert standin.judge(standin.seen(old, o, with_globals), o) is False
+    assert toy.Scaler.scale is None  # imported in the body: recorded, never set for real
 
 
 def test_isinstance_of_a_recorded_class_is_a_question_the_search_can_flip() -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from .standin import (
     HANDED_A_STAND_IN,
+    LOCAL_IMPORTS,
     Function,
     Observation,
     Run,
@@ -152,6 +153,8 @@ def callee_recorders(functions: list[Function], namespace: Mapping[str, object])
     for function in functions:
         names |= _names(function.__code__)
     found = set(recorders_for(functions, namespace))
+    if any(name.startswith("megatron") for name in names):  # an import in the body
+        found.add(LOCAL_IMPORTS)
     for name in sorted(names):
         value = namespace.get(name, fixed.__globals__.get(name))
         carried = getattr(fixed.__globals__.get(name), "__module__", None) == fixed.__module__

@@ -23,6 +23,7 @@ fixed code: the facts only the fixed code produced, those only the installed one
 a control call on which both agreed.
 """
 
+import builtins
 import inspect
 import re
 import sys
@@ -386,6 +387,47 @@ def _bound(
 
 # A recorder name ``torch.*``: of that module, every function handed a stand-in is recorded.
 HANDED_A_STAND_IN = "*"
+# A recorder name: what the function imports from megatron in its own body (``from
+# megatron.core.x import Scaler``) is recorded too, as a module global would be.
+LOCAL_IMPORTS = "__import__"
+
+
+def _recordable(value: object) -> bool:
+    """A function or class a recorder may stand in for (an exception class stays real:
+    ``except`` needs it)."""
+    if not callable(value) or isinstance(value, types.ModuleType):
+        return False
+    return not (isinstance(value, type) and issubclass(value, BaseException))
+
+
+def _recording_builtins(function: Function, run: Run) -> dict[str, object]:
+    """The function's builtins with an ``__import__`` that hands ``from megatron... import
+    Name`` a recorder for each name: a class the function imports in its body
+    (``DSAIndexerLossAutoScaler.set_loss_scale``) is then never called for real, which
+    would set its real state to a stand-in."""
+    own = function.__globals__.get("__builtins__", builtins)
+    namespace = dict(vars(own) if isinstance(own, types.ModuleType) else own)
+    real_import = namespace["__import__"]
+
+    def recording_import(
+        name: str,
+        globals: Mapping[str, object] | None = None,
+        locals: Mapping[str, object] | None = None,
+        fromlist: tuple[str, ...] | list[str] | None = (),
+        level: int = 0,
+    ) -> object:
+        module = real_import(name, globals, locals, fromlist, level)
+        if not fromlist or not getattr(module, "__name__", "").startswith("megatron"):
+            return module
+        recorded = {
+            n: StandIn(n, run, getattr(module, n))
+            for n in fromlist
+            if _recordable(getattr(module, n, None))
+        }
+        return _RecordingModule(module, recorded) if recorded else module
+
+    namespace["__import__"] = recording_import
+    return namespace
 
 
 def _holds_stand_in(value: object, depth: int = 3) -> bool:
@@ -459,6 +501,9 @@ def _recorder_globals(
     guarded: set[str] = set()
     for name in recorders:
         top, _, rest = name.partition(".")
+        if name == LOCAL_IMPORTS:
+            found["__builtins__"] = _recording_builtins(function, run)
+            continue
         real = _real_global(function, module, top)
         if rest == HANDED_A_STAND_IN:
             guarded.add(top)
