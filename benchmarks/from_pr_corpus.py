@@ -48,8 +48,11 @@ _PRESENT = re.compile(r"already (has|carries|present)", re.I)
 # Refusals the goal does not count: the fix cannot apply to this release at all (a touched
 # symbol or a name it reads is not in the installed release; a hunk does not apply).
 _NOT_APPLICABLE = re.compile(r"\[(outside-the-release|conflict)\]")
-_REWRITES = re.compile(r"(\d+) rewrites? passed", re.I)
-_DISCARDED = re.compile(r"(\d+) (candidate )?sniffs? discarded", re.I)
+# The proof's first line ("sniff soundness: N semantics-preserving rewrite(s) ...; M
+# candidate sniff(s) discarded by them"), and a no-route refusal's "(M candidate sniff(s)
+# discarded by the rewrites)".
+_REWRITES = re.compile(r"sniff soundness: (\d+) semantics-preserving rewrite")
+_DISCARDED = re.compile(r"(\d+) candidate sniff\(s\) discarded by the")
 
 
 def corpus(mirror: Path) -> list[dict[str, Any]]:

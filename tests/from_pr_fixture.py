@@ -50,7 +50,9 @@ upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has
 - #126 (merged): deletes the module function ``get_model_xattn`` beside a one-line fix of
   ``get_model_type``;
 - #127 (merged): adds a backend to the module constant ``_VALID_DSA_KERNEL_BACKENDS`` and
-  rewords the function that reads it.
+  rewords the function that reads it;
+- #128 (merged): ``_reduce`` (tensor parallel) all-reduces a float32 copy and casts it back:
+  seen only in what it hands ``torch.distributed.all_reduce`` and what it returns.
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ POST_TRAINING = "megatron/post_training/notes.py"
 TEST_UTILS = "tests/unit_tests/test_utils.py"
 TEST_GELU = "tests/unit_tests/fusions/test_fused_bias_gelu.py"
 TASD = "megatron/core/dist_checkpointing/tensor_aware_state_dict.py"
-NEWEST = 127
+MAPPINGS = "megatron/core/tensor_parallel/mappings.py"
+NEWEST = 128
 LIMITS = "megatron/core/limits.json"
 
 DIVIDE = '''\
@@ -212,6 +215,7 @@ def _initial() -> dict[str, str]:
         ROPE: installed_text(ROPE),
         LAYERWISE: installed_text(LAYERWISE),
         TASD: installed_text(TASD),
+        MAPPINGS: installed_text(MAPPINGS),
         POST_TRAINING: POST_TRAINING_TEXT,
         TEST_UTILS: TEST_UTILS_TEXT,
         TEST_GELU: TEST_GELU_TEXT,
@@ -583,6 +587,16 @@ def _shapes(b: _Builder, c: dict[str, str], main: str) -> str:
     u = edit(u, '"dsa_kernel_backend must be one of: "', '"dsa_kernel_backend must be one of "')
     c["head127"] = _pull(b, 127, main, "flashmla", {UTILS: u})
     c["merge127"] = main = _merge(b, main, 127, "Accept the flashmla backend", c["head127"])
+
+    m = edit(
+        b.files[main][MAPPINGS],
+        "    input_ = input_.contiguous()\n    torch.distributed.all_reduce(input_, group=group)\n",
+        "    reduced = input_.float().contiguous()\n"
+        "    torch.distributed.all_reduce(reduced, group=group)\n"
+        "    input_ = reduced.to(input_.dtype)\n",
+    )
+    c["head128"] = _pull(b, 128, main, "fp32 reduce", {MAPPINGS: m})
+    c["merge128"] = main = _merge(b, main, 128, "All-reduce in float32", c["head128"])
     return main
 
 

@@ -287,6 +287,26 @@ def test_a_test_that_raises_inside_the_target_on_the_installed_code_is_route_a(
 
 
 @pytest.mark.slow
+def test_a_fix_seen_only_in_what_it_hands_a_process_group_is_route_c_with_callees_recorded(
+    upstream, tmp_path, capsys
+) -> None:
+    """#128's ``_reduce`` all-reduces a float32 copy: on CPU ``torch.distributed.all_reduce``
+    raises on stand-ins in both versions, so the plain search sees nothing. Its last try
+    records ``torch.distributed``: the versions hand it different tensors and return
+    different ones. The plugin replays that recording at run time."""
+    dest = tmp_path / "plugin"
+    assert _new(upstream, 128, dest) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "  _reduce: route c, a differential search" in out, out
+    entry = (dest / "mlm_pr_128_backport" / "entry.py").read_text()
+    assert "'torch.distributed'" in entry, entry
+    assert "call torch.distributed.all_reduce#0" in entry  # recorded, not run
+    done = _installed_check(dest, "mlm-pr-128", tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "needed" in done.stdout
+
+
+@pytest.mark.slow
 def test_keep_unfinished_writes_a_plugin_that_check_fails(upstream, tmp_path, capsys) -> None:
     """#103's hunk does not apply: with --keep-unfinished the plugin is written (its sniff
     unfinished), exit 1, and ``backports check`` fails on it once installed."""

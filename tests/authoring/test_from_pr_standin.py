@@ -218,7 +218,8 @@ def test_recorders_stand_in_for_callees_that_touch_a_gpu(tmp_path: Path) -> None
         recorders = explore.recorders_for([toy.target], vars(toy))
         assert recorders == ("scratch",)
         run = _run(toy.target, recorders=recorders, module="megatron_fixture_toy")
-        assert "call scratch#0 arg0=(2 * <self.n>)" not in run.facts  # double ran for real
+        # double ran for real; scratch's argument is recorded by its own parameter name
+        assert "call scratch#0 n=<(2 * self.n)>" in run.facts
         assert run.outcome.startswith("return <scratch#0()>")
     finally:
         sys.path.remove(str(tmp_path))
@@ -395,3 +396,209 @@ def test_a_class_that_exists_only_with_transformer_engine_says_so_in_one_line() 
         "here: no route can run it (derive where Transformer Engine is installed, or write the "
         "sniff by hand)"
     ]
+
+
+CALLEES_TOY = """
+import math
+
+import torch
+
+from toylib_fixture import AutoThing, ThingError
+
+
+def _carried(x):
+    return x
+
+
+def reduce_installed(input_, group):
+    if group.size() == 1:
+        return input_
+    torch.distributed.all_reduce(input_.contiguous(), group=group)
+    return input_
+
+
+def reduce_fixed(input_, group):
+    if group.size() == 1:
+        return input_
+    input_ = input_.contiguous()
+    torch.distributed.all_reduce(input_, group=group)
+    return input_
+
+
+def zeros_installed(param, use_decoupled_grad=False):
+    grad = param.grad
+    total = grad.numel() - torch.count_nonzero(grad)
+    total = torch.tensor([total], dtype=torch.float, device="cpu")
+    torch.distributed.all_reduce(total)
+    return total.item(), torch.zeros(2).sum().item()
+
+
+def zeros_fixed(param, use_decoupled_grad=False):
+    grad = param.decoupled_grad if use_decoupled_grad else param.grad
+    total = grad.numel() - torch.count_nonzero(grad)
+    total = torch.tensor([total], dtype=torch.float, device="cpu")
+    torch.distributed.all_reduce(total)
+    return total.item(), torch.zeros(2).sum().item()
+
+
+class Scaler:
+    scale = None
+
+    @staticmethod
+    def set_scale(value):
+        Scaler.scale = value
+
+
+def scale_installed(config, n):
+    return n
+
+
+def scale_fixed(config, n):
+    from megatron_fixture_callees import Scaler
+
+    if config.use_scaler:
+        Scaler.set_scale(n)
+    return n
+
+
+def load_installed(self, path, merges=None):
+    try:
+        self.thing = AutoThing.from_pretrained(path, merge_files=merges, floor=math.floor(1.5))
+    except ThingError:
+        self.thing = None
+    return _carried(self.thing)
+
+
+def load_fixed(self, path, merges=None):
+    try:
+        self.thing = AutoThing.from_pretrained(path, merges_file=merges, floor=math.floor(1.5))
+    except ThingError:
+        self.thing = None
+    return _carried(self.thing)
+"""
+TOYLIB = """
+class ThingError(Exception):
+    pass
+
+
+class AutoThing:
+    @classmethod
+    def from_pretrained(cls, path, **kwargs):
+        raise OSError("would download " + repr(path))
+"""
+
+
+@pytest.fixture
+def callees_toy(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A module named like megatron's that calls ``torch.distributed`` and a library class
+    (``toylib_fixture``, written here: not the standard library), beside a helper of its own."""
+    (tmp_path / "megatron_fixture_callees.py").write_text(textwrap.dedent(CALLEES_TOY))
+    (tmp_path / "toylib_fixture.py").write_text(textwrap.dedent(TOYLIB))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import megatron_fixture_callees as toy
+
+        yield toy
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("megatron_fixture_callees", None)
+        sys.modules.pop("toylib_fixture", None)
+
+
+def test_callee_recorders_take_process_groups_and_library_callees(callees_toy) -> None:
+    """Route c's last try: ``torch``'s ``distributed`` and ``cuda`` (the rest of torch stays
+    real), a library class; not the standard library, an exception class, nor a helper the
+    vendored (fixed) module defines itself."""
+    toy = callees_toy
+    functions = [toy.reduce_installed, toy.reduce_fixed, toy.load_installed, toy.load_fixed]
+    assert explore.recorders_for(functions, vars(toy)) == ()
+    found = explore.callee_recorders(functions, vars(toy))
+    assert found == ("AutoThing", "torch.*", "torch.cuda", "torch.distributed")
+    assert "_carried" not in found and "ThingError" not in found and "math.*" not in found
+
+
+@pytest.mark.parametrize(
+    ("installed", "fixed", "differs_at"),
+    [
+        ("reduce_installed", "reduce_fixed", "return <input_.contiguous#0()>"),
+        ("load_installed", "load_fixed", "call AutoThing.from_pretrained#0 merges_file=None"),
+        ("scale_installed", "scale_fixed", "call Scaler.set_scale#0 value=<n>"),
+        (
+            "zeros_installed",
+            "zeros_fixed",
+            "call torch.count_nonzero#0 arg0=<param.decoupled_grad>",
+        ),
+    ],
+)
+def test_a_fix_in_what_a_callee_is_handed_is_found_with_callees_recorded(
+    callees_toy, installed, fixed, differs_at
+) -> None:
+    """On CPU ``torch.distributed.all_reduce`` and a download raise on stand-ins in both
+    versions: the plain search sees nothing; with the callees recorded the versions hand
+    them (or return) different things, and the sniff judges both versions."""
+    toy = callees_toy
+    old, new = getattr(toy, installed), getattr(toy, fixed)
+    kwargs = {"target": installed, "module": toy.__name__, "with_globals": with_globals}
+    plain = explore.recorders_for([old, new], vars(toy))
+    assert explore.search(old, new, recorders=plain, seconds=5.0, **kwargs) is None
+    toy.Scaler.scale = None  # the plain search ran the real one
+    recorders = explore.callee_recorders([old, new], vars(toy))
+    found = explore.search(old, new, recorders=recorders, seconds=10.0, **kwargs)
+    assert found is not None
+    o = found.observation
+    assert differs_at in o.fixed, o
+    assert standin.judge(standin.seen(new, o, with_globals), o) is True
+    assert standin.judge(standin.seen(old, o, with_globals), o) is False
+    assert toy.Scaler.scale is None  # imported in the body: recorded, never set for real
+
+
+def test_isinstance_of_a_recorded_class_is_a_question_the_search_can_flip() -> None:
+    def kind(x, Tensor):  # a recorded class, as a module global would be
+        return "one" if isinstance(x, Tensor) else "many"
+
+    setting = Setting(arguments={}, truths={"(isinstance <x> Tensor)": True})
+    assert _run(kind).outcome == "return 'many'"
+    assert _run(kind, setting).outcome == "return 'one'"
+    assert _run(kind).asked == ["(isinstance <x> Tensor)"]
+
+
+def test_a_recorded_call_is_the_same_fact_positional_or_by_keyword(callees_toy) -> None:
+    """A recorder stands in for a real callee: what it was handed is recorded by the
+    callee's parameter names, so a fix that also rewrites ``f(x, g)`` as ``f(x, group=g)``
+    is not told apart by that (a sniff of spelling); a callee with no signature that
+    fits is recorded as handed."""
+    toy = callees_toy
+
+    def positional(input_, group):
+        torch.distributed.all_reduce(input_, None, group)
+        return toy.AutoThing.from_pretrained(input_, 1, 2, extra=3)
+
+    def by_keyword(input_, group):
+        torch.distributed.all_reduce(tensor=input_, group=group, op=None)
+        return toy.AutoThing.from_pretrained(input_, 1, 2, extra=3)
+
+    recorders = ("torch.distributed",)
+    facts = [
+        set(_run(f, recorders=recorders, module=toy.__name__).facts)
+        for f in (positional, by_keyword)
+    ]
+    assert facts[0] == facts[1]
+    assert "call torch.distributed.all_reduce#0 group=<group>" in facts[0]
+
+
+def test_a_torch_function_runs_for_real_unless_handed_a_stand_in(callees_toy) -> None:
+    """``torch.*``: a function handed only real values runs (its tensors are real, and no
+    fact: reordering real tensor arithmetic is no difference); one handed a stand-in, in a
+    list too, is recorded (no real one takes it); classes stay themselves."""
+    toy = callees_toy
+
+    def mixed(x):
+        real = torch.zeros(2).sum().item()
+        made = torch.tensor([x], dtype=torch.float)
+        return real, made, isinstance(made, torch.Tensor)
+
+    run = _run(mixed, recorders=("torch.*",), module=toy.__name__)
+    assert run.outcome == "return (0.0, <torch.tensor#0()>, False)"
+    assert {f for f in run.facts if "zeros" in f or "sum" in f} == set()
+    assert "call torch.tensor#0 arg0=[<x>]" in run.facts  # a builtin: no signature
+    assert "call torch.tensor#0 dtype=torch.float32" in run.facts

@@ -180,8 +180,10 @@ def _derive(d: Derivation, number: int, scratch: Path, staging: Path, keep: bool
         tried = "; ".join(
             f"{name}: {' / '.join(r.get('tried', []))}" for name, r in sniffed.results.items()
         )
+        _, discarded = sniffed.soundness()
         raise NotProven(
-            f"no route tells the installed code from the fixed one on CPU ({tried})",
+            f"no route tells the installed code from the fixed one on CPU ({tried}; "
+            f"{discarded} candidate sniff(s) discarded by the rewrites)",
             Reason.NO_ROUTE,
         )
     if sniffed_targets[0] != vendored.targets[0].attribute:

@@ -20,13 +20,24 @@ Runs in a child interpreter: the fixed function is the pull request's code.
 
 import inspect
 import re
+import sys
 import time
 import types
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from .standin import Function, Observation, Run, Setting, WithGlobals, observe, present
+from .standin import (
+    HANDED_A_STAND_IN,
+    LOCAL_IMPORTS,
+    Function,
+    Observation,
+    Run,
+    Setting,
+    WithGlobals,
+    observe,
+    present,
+)
 
 # What a callee's source says when it allocates on a GPU or talks to a process group.
 _DEVICE_OR_GROUP = re.compile(
@@ -96,6 +107,62 @@ def recorders_for(functions: list[Function], namespace: Mapping[str, object]) ->
         ):
             found.append(name)
     return tuple(found)
+
+
+# Submodules of a module global (``torch``) that reach a GPU or a process group.
+_DEVICE_OR_GROUP_MODULES = ("distributed", "cuda")
+
+
+def _module_recorders(name: str, value: types.ModuleType) -> list[str]:
+    """``torch.distributed`` itself (``import torch.distributed as dist``) is recorded
+    whole; of ``torch``, its ``distributed`` and ``cuda`` (``torch.distributed.all_reduce``
+    is then a call with what it was handed), and a function handed a stand-in, which no
+    real one takes (``torch.*``); the rest of the module, and a standard one, stay real."""
+    if value.__name__.split(".")[-1] in _DEVICE_OR_GROUP_MODULES:
+        return [name]
+    if value.__name__.split(".")[0] in sys.stdlib_module_names:
+        return []
+    # A library module's functions run for real unless handed a stand-in (``torch.*``).
+    return [f"{name}.{HANDED_A_STAND_IN}"] + [
+        f"{name}.{sub}"
+        for sub in _DEVICE_OR_GROUP_MODULES
+        if isinstance(getattr(value, sub, None), types.ModuleType)
+    ]
+
+
+def _is_library_callee(value: object) -> bool:
+    """A function or class outside the standard library and Python's own: what the target
+    hands it is what it does. Exception classes stay real (``except`` needs them)."""
+    if not callable(value) or isinstance(value, types.ModuleType):
+        return False
+    if isinstance(value, type) and issubclass(value, BaseException):
+        return False
+    home = (getattr(value, "__module__", None) or "").split(".")[0]
+    return bool(home) and home not in sys.stdlib_module_names and home != "builtins"
+
+
+def callee_recorders(functions: list[Function], namespace: Mapping[str, object]) -> tuple[str, ...]:
+    """Route c's last try: besides ``recorders_for``'s, every module global the functions
+    call that is a megatron or a library function or class (``AutoTokenizer``), and the
+    process-group and device submodules of a module they read (``torch.distributed``):
+    the target's behaviour is then what it hands its callees, on every path, a GPU's or a
+    process group's included. A helper the vendored module defines itself (one the pull
+    request carries) stays its code: recording it would hide the fix."""
+    fixed = functions[-1]
+    names: set[str] = set()
+    for function in functions:
+        names |= _names(function.__code__)
+    found = set(recorders_for(functions, namespace))
+    if any(name.startswith("megatron") for name in names):  # an import in the body
+        found.add(LOCAL_IMPORTS)
+    for name in sorted(names):
+        value = namespace.get(name, fixed.__globals__.get(name))
+        carried = getattr(fixed.__globals__.get(name), "__module__", None) == fixed.__module__
+        if isinstance(value, types.ModuleType):
+            found.update(_module_recorders(name, value))
+        elif name in namespace and not carried and _is_library_callee(value):
+            found.add(name)
+    return tuple(sorted(found))
 
 
 def _facts(run: Run) -> set[str]:

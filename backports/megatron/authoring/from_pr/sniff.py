@@ -225,7 +225,7 @@ def synthesise(
         "max_runs": 4000,
         "search_seconds": search_seconds,
     }
-    budget = 120 + 2 * search_seconds * len(vendored.targets)
+    budget = 120 + 3 * search_seconds * len(vendored.targets)  # routes b, c, c with callees
     answer, done = run_module(
         "backports.megatron.authoring.from_pr.sniff_child",
         request,

@@ -10,7 +10,8 @@ from the fixed one:
     fixed code;
 (b) the test's observation lifted onto stand-ins (``explore.search`` with the names the
     test observes as its focus);
-(c) a differential search over inputs (``explore.search``, any difference).
+(c) a differential search over inputs (``explore.search``, any difference); where it finds
+    nothing, once more with the target's callees recorded (``explore.callee_recorders``).
 
 Soundness before speed: a candidate sniff of any route is kept only if it calls every
 semantics-preserving rewrite of the installed code (``rewrites``) *needed* and every
@@ -243,11 +244,15 @@ def _route_bc(
     soundness: _Soundness,
 ) -> Json:
     from ._tool import with_globals
-    from .explore import recorders_for, search
+    from .explore import callee_recorders, recorders_for, search
 
     recorders = recorders_for([installed, fixed], vars(module))
+    callees = callee_recorders([installed, fixed], vars(module))
     tried = []
-    for route, focus in (("b", frozenset(request["focus"])), ("c", frozenset())):
+    passes = [("b", frozenset(request["focus"]), recorders), ("c", frozenset(), recorders)]
+    if callees != recorders:  # the last try: what the target hands every callee
+        passes.append(("c", frozenset(), callees))
+    for route, focus, recorded in passes:
         if route == "b" and not focus:
             tried.append("b: the pull request's tests observe no name its change touches")
             continue
@@ -256,7 +261,7 @@ def _route_bc(
             fixed,
             target=target["attribute"],
             module=target["module"],
-            recorders=recorders,
+            recorders=recorded,
             with_globals=with_globals,
             focus=focus,
             max_runs=request["max_runs"],
@@ -276,8 +281,9 @@ def _route_bc(
                 "clean": found.clean,
                 "tried": tried,
             }
-        tried.append(f"{route}: no input within the budget told the versions apart")
-    return {"route": None, "tried": tried, "recorders": list(recorders)}
+        shown = route if recorded is recorders else f"{route}, callees recorded too"
+        tried.append(f"{shown}: no input within the budget told the versions apart")
+    return {"route": None, "tried": tried, "recorders": list(callees)}
 
 
 def _one(request: _Request, target: _Target, vendored: types.ModuleType) -> Json:

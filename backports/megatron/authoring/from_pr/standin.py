@@ -5,7 +5,8 @@ the tool besides public names, so it imports the standard library only.
 
 A function is called with a ``StandIn`` for every argument (``self`` and ``ctx`` too), and
 the callees that would touch a GPU or a process group are ``StandIn`` recorders in the
-function's private globals (``with_globals``). A stand-in has the attributes a
+function's private globals (``with_globals``); a dotted recorder name (``torch.distributed``)
+records that submodule of a module whose other attributes stay real. A stand-in has the attributes a
 ``Setting`` lists and no others: reading another raises ``AttributeError``, so
 ``hasattr`` and ``getattr(x, name, default)`` see it absent (the search then tries it
 present too: ``present``), and ``learn`` adds the attribute a call could not do without,
@@ -22,6 +23,7 @@ fixed code: the facts only the fixed code produced, those only the installed one
 a control call on which both agreed.
 """
 
+import builtins
 import inspect
 import re
 import sys
@@ -196,15 +198,18 @@ def _unary(symbol: str) -> Callable[["StandIn"], "StandIn"]:
 class StandIn:
     """A recording stand-in at ``path`` (``self``, ``ctx.saved_tensors[1]``, ...)."""
 
-    def __init__(self, path: str, run: Run) -> None:
+    def __init__(self, path: str, run: Run, real: object = None) -> None:
         object.__setattr__(self, "_si_path", path)
         object.__setattr__(self, "_si_run", run)
         object.__setattr__(self, "_si_children", {})
+        # What a recorder stands in for (a callee, one of its attributes), else None: a
+        # call of it is recorded by the callee's own parameter names.
+        object.__setattr__(self, "_si_real", real)
 
-    def _si_child(self, path: str) -> "StandIn":
+    def _si_child(self, path: str, real: object = None) -> "StandIn":
         children = object.__getattribute__(self, "_si_children")
         if path not in children:
-            children[path] = StandIn(path, object.__getattribute__(self, "_si_run"))
+            children[path] = StandIn(path, object.__getattribute__(self, "_si_run"), real)
         return children[path]  # type: ignore[no-any-return]
 
     def __getattr__(self, name: str) -> "StandIn":
@@ -213,7 +218,7 @@ class StandIn:
         key = f"{path}.{name}"
         if not (name.startswith("__") and name.endswith("__")):
             if key in run.setting.attributes or run.setting.truths.get(present(key)):
-                return self._si_child(key)
+                return self._si_child(key, _attribute_of(self, name))
             run.missed.append(key)  # getattr(x, name, default), hasattr: the other outcome
         raise AttributeError(f"stand-in {path} has no attribute {name!r}", name=name, obj=self)
 
@@ -233,6 +238,10 @@ class StandIn:
         run: Run = object.__getattribute__(self, "_si_run")
         call = f"call {path}#{run.count(path)}"
         run.facts.append(call)
+        bound = _bound(object.__getattribute__(self, "_si_real"), args, kwargs)
+        if bound is not None:  # by parameter: positional or keyword, default or not, alike
+            run.facts += [f"{call} {k}={describe(v)}" for k, v in sorted(bound.items())]
+            return self._si_child(f"{call.removeprefix('call ')}()")
         run.facts += [f"{call} arg{i}={describe(a)}" for i, a in enumerate(args)]
         run.facts += [f"{call} {k}={describe(v)}" for k, v in sorted(kwargs.items())]
         return self._si_child(f"{call.removeprefix('call ')}()")
@@ -276,6 +285,15 @@ class StandIn:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+    def __instancecheck__(self, instance: object) -> bool:
+        """``isinstance(x, Recorded)`` (a recorded class): a question, as ``bool()`` is."""
+        path = object.__getattribute__(self, "_si_path")
+        return bool(self._si_child(f"(isinstance {describe(instance)} {path})"))
+
+    def __subclasscheck__(self, subclass: type) -> bool:
+        path = object.__getattribute__(self, "_si_path")
+        return bool(self._si_child(f"(issubclass {describe(subclass)} {path})"))
 
     def __hash__(self) -> int:
         return hash(object.__getattribute__(self, "_si_path"))
@@ -330,6 +348,182 @@ class _ModuleView:
         return getattr(self._module(), name)
 
 
+def _attribute_of(stand_in: StandIn, name: str) -> object:
+    """The real attribute behind a recorder's (``AutoTokenizer.from_pretrained``), or None."""
+    real = object.__getattribute__(stand_in, "_si_real")
+    if real is None:
+        return None
+    try:
+        return inspect.getattr_static(real, name, None) and getattr(real, name)
+    except Exception:  # a property of the class, a lazy import: no signature then
+        return None
+
+
+def _bound(
+    real: object, args: tuple[object, ...], kwargs: dict[str, object]
+) -> dict[str, object] | None:
+    """A recorded call's arguments by the real callee's parameter names (``f(x, None)``
+    and ``f(x, group=None)`` are one call); None where the callee has no signature or does
+    not take them (recorded as handed). Defaults are not filled in: a later release's new
+    parameter changes no fact."""
+    if real is None or not callable(real):
+        return None
+    try:
+        signature = inspect.signature(real)
+        bound = signature.bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None
+    found: dict[str, object] = {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            found.update({f"{name}[{i}]": v for i, v in enumerate(value)})
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            found.update(value)
+        else:
+            found[name] = value
+    return found
+
+
+# A recorder name ``torch.*``: of that module, every function handed a stand-in is recorded.
+HANDED_A_STAND_IN = "*"
+# A recorder name: what the function imports from megatron in its own body (``from
+# megatron.core.x import Scaler``) is recorded too, as a module global would be.
+LOCAL_IMPORTS = "__import__"
+
+
+def _recordable(value: object) -> bool:
+    """A function or class a recorder may stand in for (an exception class stays real:
+    ``except`` needs it)."""
+    if not callable(value) or isinstance(value, types.ModuleType):
+        return False
+    return not (isinstance(value, type) and issubclass(value, BaseException))
+
+
+def _recording_builtins(function: Function, run: Run) -> dict[str, object]:
+    """The function's builtins with an ``__import__`` that hands ``from megatron... import
+    Name`` a recorder for each name: a class the function imports in its body
+    (``DSAIndexerLossAutoScaler.set_loss_scale``) is then never called for real, which
+    would set its real state to a stand-in."""
+    own = function.__globals__.get("__builtins__", builtins)
+    namespace = dict(vars(own) if isinstance(own, types.ModuleType) else own)
+    real_import = namespace["__import__"]
+
+    def recording_import(
+        name: str,
+        globals: Mapping[str, object] | None = None,
+        locals: Mapping[str, object] | None = None,
+        fromlist: tuple[str, ...] | list[str] | None = (),
+        level: int = 0,
+    ) -> object:
+        module = real_import(name, globals, locals, fromlist, level)
+        if not fromlist or not getattr(module, "__name__", "").startswith("megatron"):
+            return module
+        recorded = {
+            n: StandIn(n, run, getattr(module, n))
+            for n in fromlist
+            if _recordable(getattr(module, n, None))
+        }
+        return _RecordingModule(module, recorded) if recorded else module
+
+    namespace["__import__"] = recording_import
+    return namespace
+
+
+def _holds_stand_in(value: object, depth: int = 3) -> bool:
+    """A stand-in, or a list, tuple, set or dict holding one (a few levels down)."""
+    if isinstance(value, StandIn):
+        return True
+    if depth <= 0:
+        return False
+    if isinstance(value, dict):
+        value = [*value.keys(), *value.values()]
+    if isinstance(value, list | tuple | set | frozenset):
+        return any(_holds_stand_in(item, depth - 1) for item in value)
+    return False
+
+
+class _WhereHandedAStandIn:
+    """A module's function that runs for real, unless it is handed a stand-in (which no
+    real ``torch.count_nonzero`` takes): then the call is recorded, as a recorder's is."""
+
+    def __init__(self, real: Callable[..., object], path: str, run: Run) -> None:
+        self._real, self._path, self._run = real, path, run
+
+    def __call__(self, *args: object, **kwargs: object) -> object:
+        if _holds_stand_in(args) or _holds_stand_in(kwargs):
+            return StandIn(self._path, self._run, self._real)(*args, **kwargs)
+        return self._real(*args, **kwargs)
+
+
+class _RecordingModule:
+    """A module some of whose submodules are recorders (``torch`` with ``torch.distributed``
+    and ``torch.cuda`` recorded, named ``torch.distributed`` in ``recorders``): every other
+    attribute is the module's own. With ``run`` (``torch.*`` in ``recorders``), its
+    functions and those of its submodules are recorded where handed a stand-in."""
+
+    def __init__(
+        self,
+        module: object,
+        recorded: Mapping[str, StandIn],
+        run: Run | None = None,
+        path: str = "",
+    ) -> None:
+        self._module = module
+        self._recorded = dict(recorded)
+        self._run, self._path = run, path
+
+    def __getattr__(self, name: str) -> object:
+        if name in self._recorded:
+            return self._recorded[name]
+        value = getattr(self._module, name)
+        if self._run is None or isinstance(value, type):
+            return value  # a class stays itself (isinstance, a subclass)
+        path = f"{self._path}.{name}"
+        if isinstance(value, types.ModuleType):
+            home = getattr(self._module, "__name__", "")
+            inside = value.__name__.startswith(f"{home}.")
+            return _RecordingModule(value, {}, self._run, path) if inside else value
+        if isinstance(value, types.FunctionType | types.BuiltinFunctionType):
+            return _WhereHandedAStandIn(value, path, self._run)
+        return value
+
+
+def _recorder_globals(
+    recorders: tuple[str, ...], run: Run, function: Function, module: str
+) -> dict[str, object]:
+    """The private globals ``recorders`` names: a stand-in for a plain name, a module with
+    recorded submodules for a dotted one (the module itself as the function reads it, or as
+    ``module`` has it where vendored code reads it live), whose functions are recorded
+    where handed a stand-in for ``name.*``."""
+    found: dict[str, object] = {}
+    submodules: dict[str, dict[str, StandIn]] = {}
+    guarded: set[str] = set()
+    for name in recorders:
+        top, _, rest = name.partition(".")
+        if name == LOCAL_IMPORTS:
+            found["__builtins__"] = _recording_builtins(function, run)
+            continue
+        real = _real_global(function, module, top)
+        if rest == HANDED_A_STAND_IN:
+            guarded.add(top)
+            submodules.setdefault(top, {})
+        elif rest:
+            submodules.setdefault(top, {})[rest] = StandIn(name, run, getattr(real, rest, None))
+        else:
+            found[name] = StandIn(name, run, real)
+    for top, recorded in submodules.items():
+        real = _real_global(function, module, top)
+        found[top] = _RecordingModule(real, recorded, run if top in guarded else None, top)
+    return found
+
+
+def _real_global(function: Function, module: str, name: str) -> object:
+    """The global as the function reads it, or as ``module`` has it where vendored code
+    reads it live."""
+    return function.__globals__.get(name, getattr(sys.modules.get(module), name, None))
+
+
 def _private_copy(
     function: Function,
     recorders: Mapping[str, object],
@@ -381,7 +575,7 @@ def call(
         if p.kind == p.POSITIONAL_ONLY and name in kwargs
     ]
     args = [kwargs.pop(name) for name in positional_only]
-    stand_ins = {name: StandIn(name, run) for name in recorders}
+    stand_ins = _recorder_globals(recorders, run, function, module)
     private = _private_copy(function, stand_ins, module, with_globals)
     try:
         value = private(*args, **kwargs)
