@@ -138,13 +138,19 @@ def _overwrite_expected(strategy: str, fixed: bool) -> Any:
 # --- the entry's shape ---------------------------------------------------------------------
 
 
-def test_megatron_core_part_has_both_halves_megatron_fsdp_part_the_method(parts):
+def test_megatron_core_part_has_every_half_megatron_fsdp_part_the_methods(parts):
     core, wheel = parts["megatron-core"], parts["megatron-fsdp"]
-    assert [t.attribute for t in core.targets] == [
-        "FullyShardedDataParallel.__init__",
+    methods = [
         "MegatronFSDP.all_gather_and_wait_parameters_ready",
+        "MegatronFSDP._register_fsdp_hooks",
+        "MegatronFSDP.synchronize_gradient_reduce",
     ]
-    assert [t.modules for t in wheel.targets] == [(WHEEL,)]
+    assert [t.attribute for t in core.targets] == ["FullyShardedDataParallel.__init__", *methods]
+    assert [t.attribute for t in wheel.targets] == methods
+    assert {t.modules for t in wheel.targets} == {(WHEEL,)}
+    # The hooks are registered when a model is wrapped: construction-time, counted.
+    hooks = [t for t in ENTRY.targets if t.name == "_register_fsdp_hooks"]
+    assert [(type(t).__name__, t.called_from) for t in hooks] == [("Constructor", "__init__")] * 2
 
 
 def test_upstream_toml_records_upstreams_name_of_the_class():

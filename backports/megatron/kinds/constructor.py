@@ -7,6 +7,12 @@ report, ``apply`` makes it the job's one warning, and ``status`` says the same. 
 records them at the install (``_built_before``): the entry's methods of the same class, which
 may read what only the fixed constructor sets (#6099's ``count_zeros``), run the original
 for them, so such an object keeps the installed release's behaviour rather than failing.
+
+A method the constructor calls once to set up what the object keeps (``called_from``:
+#6357's ``MegatronFSDP._register_fsdp_hooks``, whose hooks close over what they read) is
+construction-time too: its objects built before the install are counted the same way, but
+not recorded, so the entry's other methods of that class still reach them (#6357's
+``all_gather_and_wait_parameters_ready`` fixes old models too).
 """
 
 import gc
@@ -22,10 +28,23 @@ from .function import FunctionKind
 @dataclass(frozen=True)
 class Constructor(Target):
     """``Class.__init__`` (or ``Class.__post_init__``) of the class that defines it: objects
-    built before the install are not reached, and the report says how many there are."""
+    built before the install are not reached, and the report says how many there are. With
+    ``called_from`` (the constructor's name), a method that constructor calls once (hooks
+    registered when the object is built): counted the same way, routed nowhere."""
+
+    # "" for the constructor itself; else "__init__" or "__post_init__", which calls it.
+    called_from: str = ""
 
     def problem_in(self, targets: Sequence[Target]) -> str | None:
-        if self.owner_name is None or self.name not in ("__init__", "__post_init__"):
+        if self.called_from:
+            if self.owner_name is None or self.called_from not in _CONSTRUCTORS:
+                return (
+                    f"a Constructor target called from a constructor is a method called from "
+                    f"Class.__init__ or Class.__post_init__, not {self.attribute} called from "
+                    f"{self.called_from!r}"
+                )
+            return None  # it records nothing: no method of its class depends on its place
+        if self.owner_name is None or self.name not in _CONSTRUCTORS:
             wanted = "Class.__init__ or Class.__post_init__"
             return f"a Constructor target is {wanted}, not {self.attribute}"
         # Its methods learn of the objects built before it when they install after it.
@@ -40,6 +59,9 @@ class Constructor(Target):
                 "original)"
             )
         return None
+
+
+_CONSTRUCTORS = ("__init__", "__post_init__")
 
 
 def _alive(cls: type) -> list[object]:
@@ -77,15 +99,21 @@ class ConstructorKind(FunctionKind):
     ) -> Part:
         part = super().install(backport_id, target, resolved, replacement, markers, aliases)
         owner = resolved.owner
-        if isinstance(owner, type):
+        if isinstance(owner, type) and not _called_from_constructor(target):
             record(backport_id, owner, _alive(owner))
         return part
 
     def uninstall(self, part: Part) -> None:
         super().uninstall(part)
         owner = self.record_of(part).owner
-        if isinstance(owner, type):
+        if isinstance(owner, type) and not _called_from_constructor(part.target):
             forget(part.backport_id, owner)
+
+
+def _called_from_constructor(target: Target) -> bool:
+    """A method the constructor calls (it records nothing: the entry's other methods of its
+    class run the fix for every object)."""
+    return bool(getattr(target, "called_from", ""))
 
 
 KIND = ConstructorKind()
