@@ -548,3 +548,19 @@ def test_the_constructor_is_found_under_its_renamed_class(tmp_path, monkeypatch)
         assert find_in(module, dataclasses.replace(target, owner_renamed=()), ID) is None
     finally:
         monkeypatch.delitem(__import__("sys").modules, "renamed_fsdp_adapter")
+
+
+def test_the_hooks_sniff_leaves_the_callers_state_alone(parts):
+    """Judged under ``inference_mode`` (a caller may ask ``status`` there), it still sees
+    the hooks; the caller's random stream is where it was."""
+    import torch
+
+    part = parts["megatron-core"]
+    targets = [resolve_target(t, ID) for t in part.targets]
+    torch.manual_seed(1234)
+    expected = torch.rand(3)
+    torch.manual_seed(1234)
+    with torch.inference_mode():
+        result = part.sniff(targets)
+    assert result.fixed is False and "overlap_grad_reduce" in result.summary
+    assert torch.equal(torch.rand(3), expected)

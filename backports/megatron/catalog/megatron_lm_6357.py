@@ -156,7 +156,20 @@ def _hooks_seen(register: MegatronFunction, strategy: str) -> dict[str, bool]:
     import torch
 
     unit = type("Unit", (torch.nn.Linear,), {})  # the FSDP unit module
-    model = torch.nn.Sequential(unit(2, 2), torch.nn.Linear(2, 1, bias=False))
+    # On the CPU, whatever the caller's default device; the caller's random stream untouched;
+    # with gradients even where the caller judges under no_grad() or inference_mode().
+    with torch.random.fork_rng(devices=[]), torch.inference_mode(False), torch.enable_grad():
+        model = torch.nn.Sequential(
+            unit(2, 2, device="cpu"), torch.nn.Linear(2, 1, bias=False, device="cpu")
+        )
+        return _run_hooks(register, strategy, unit, model)
+
+
+def _run_hooks(
+    register: MegatronFunction, strategy: str, unit: type, model: Any
+) -> dict[str, bool]:
+    import torch
+
     names = {parameter: name for name, parameter in model.named_parameters()}
     shared = model[1].weight
     for parameter in names:
@@ -206,7 +219,7 @@ def _hooks_seen(register: MegatronFunction, strategy: str) -> dict[str, bool]:
         microbatch_count=0,
     )
     register(fsdp, model)
-    output = model(torch.ones(1, 2))
+    output = model(torch.ones(1, 2, device="cpu"))
     phase[0] = "backward"
     output.sum().backward()
     return {
