@@ -77,19 +77,20 @@ def _alive(cls: type) -> list[object]:
     counts several classes)."""
     classes = _with_subclasses(cls)
     if len(classes) <= _FEW_CLASSES and all(c.__flags__ & _HEAP_TYPE for c in classes):
-        wanted = set(classes)
-        return [obj for obj in gc.get_referrers(*classes) if type(obj) in wanted]
+        wanted = {id(c) for c in classes}
+        return [obj for obj in gc.get_referrers(*classes) if id(type(obj)) in wanted]
     return [obj for obj in gc.get_objects() if issubclass(type(obj), cls)]
 
 
 def _with_subclasses(cls: type) -> list[type]:
-    found, todo = [], [cls]
+    found: dict[int, type] = {}  # by identity: a metaclass may define __eq__
+    todo = [cls]
     while todo:
         current = todo.pop()
-        if current not in found:
-            found.append(current)
+        if id(current) not in found:
+            found[id(current)] = current
             todo.extend(type.__subclasses__(current))
-    return found
+    return list(found.values())
 
 
 def _instances(cls: type) -> int:
