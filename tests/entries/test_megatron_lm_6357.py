@@ -333,6 +333,11 @@ def test_sniff_says_needed_on_each_installed_copy(parts, distribution):
     result = part.sniff([resolve_target(t, ID) for t in part.targets])
     assert result.fixed is False and "ZeRO-1" in result.summary
     assert ("ZeRO-2" in result.summary) is (distribution == "megatron-core")
+    assert "overlap_grad_reduce" in result.summary  # the hooks
+    halves = ["overwrite_main_grad", "hooks", "sync_assertion"]
+    if distribution == "megatron-core":
+        halves.insert(0, "units")
+    assert result.detail["fixed"] == dict.fromkeys(halves, False)
 
 
 @pytest.mark.parametrize("upstream_only", [True, False])
