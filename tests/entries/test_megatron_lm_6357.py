@@ -1,18 +1,24 @@
-"""megatron-lm-6357 (two halves of #6357): MFSDP v1 makes transformer, MoE and Mamba layers
-FSDP units under every sharding strategy but ``no_shard`` (ZeRO-2 no longer holds every
-gradient at once), and marks gathered parameters ``overwrite_main_grad`` only where the
-gradient is sharded (ZeRO-1 accumulates micro-batches under TE's wgrad fusion).
+"""megatron-lm-6357 (#6357): MFSDP v1 makes transformer, MoE and Mamba layers FSDP units
+under every sharding strategy but ``no_shard`` (ZeRO-2 no longer holds every gradient at
+once), marks gathered parameters ``overwrite_main_grad`` only where the gradient is sharded
+(ZeRO-1 accumulates micro-batches under TE's wgrad fusion), gives a wrapped model only the
+hooks its strategy needs (unsharded gradients reduced in backward only when overlapped, unit
+parameters released after forward only under ZeRO-3) and refuses a synchronous reduction of
+sharded gradients.
 
-The constructor is construction-time (a ``Constructor``: models wrapped before the install
-are counted); ``all_gather_and_wait_parameters_ready`` ships in megatron-core and in the
-megatron-fsdp wheel, each copy judged and installed on its own. The real constructor runs on
-CPU on a bare instance of a subclass whose process-group set-up does nothing, up to the
-MegatronFSDP it builds (a recorder in the real module's globals); the real method runs on a
-stand-in MegatronFSDP whose all-gather does nothing.
+The constructor and ``_register_fsdp_hooks`` are construction-time (``Constructor`` targets:
+models wrapped before the install are counted); the three MegatronFSDP methods ship in
+megatron-core and in the megatron-fsdp wheel, each copy judged and installed on its own. The
+real constructor runs on CPU on a bare instance of a subclass whose process-group set-up does
+nothing, up to the MegatronFSDP it builds (a recorder in the real module's globals); the real
+methods run on a stand-in MegatronFSDP (the hooks over a small torch model, one forward and
+backward each).
 """
 
+import ast
 import dataclasses
 import gc
+import sys
 import warnings
 from types import SimpleNamespace
 from typing import Any
@@ -135,16 +141,180 @@ def _overwrite_expected(strategy: str, fixed: bool) -> Any:
     return strategy in ("optim_grads", "optim_grads_params") if fixed else True
 
 
+# The hooks: the pull request's rule, stated here. A gradient the strategy does not shard is
+# reduced once per optimisation cycle: in backward only when the reduction is overlapped (on
+# the last micro-batch, or every one with auto-sync), else by start_grad_sync.
+def _reduces_expected(strategy: str, overlap: bool, last: bool, auto: bool, fixed: bool) -> bool:
+    sharded = strategy in ("optim_grads", "optim_grads_params")
+    return sharded or ((overlap or not fixed) and (last or auto))
+
+
+def _released_after_forward_expected(strategy: str, fixed: bool) -> bool:
+    return strategy == "optim_grads_params" or not fixed  # only ZeRO-3 shards parameters
+
+
+def _sync_expected(strategy: str, fixed: bool) -> str:
+    sharded = strategy in ("optim_grads", "optim_grads_params")
+    return "refused" if fixed and sharded else "start_grad_sync"
+
+
+# (overlap_grad_reduce, is_last_microbatch, model_auto_sync)
+SCHEDULES = [
+    (False, True, False),
+    (False, False, False),
+    (False, False, True),
+    (True, True, False),
+    (True, False, False),
+    (True, False, True),
+]
+
+
+def _hooks_method(module_name: str) -> Any:
+    import importlib
+
+    importlib.import_module(module_name)
+    return vars(sys.modules[module_name].MegatronFSDP)["_register_fsdp_hooks"]
+
+
+def _sync_method(module_name: str) -> Any:
+    import importlib
+
+    importlib.import_module(module_name)
+    return vars(sys.modules[module_name].MegatronFSDP)["synchronize_gradient_reduce"]
+
+
+def _wrapped(register: Any, strategy: str, schedule: tuple[bool, bool, bool]) -> dict[str, Any]:
+    """``register`` (MegatronFSDP._register_fsdp_hooks as the class holds it) on a stand-in
+    MegatronFSDP over Linear, two FSDP units and a Linear whose weight is shared (the root
+    post-backward hook handles it), then one forward and backward: which closures reduced
+    gradients, and whether unit parameters were released during the forward."""
+    import torch
+
+    overlap, last, auto = schedule
+
+    class Unit(torch.nn.Linear):
+        pass
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(3, 3), Unit(3, 3), Unit(3, 3), torch.nn.Linear(3, 1, bias=False)
+    )
+    params = list(model.parameters())
+    for p in params:
+        p.grad_added_to_main_grad = False
+        p.get_main_grad = lambda p=p: torch.zeros_like(p)
+    model[3].weight._is_shared = True
+    log: dict[str, Any] = {"phase": "forward", "released": [], "reduced": []}
+
+    def reduce_gradients(param_list: list[Any], **kwargs: Any) -> None:
+        closure = sys._getframe(1).f_code.co_name  # which hook asked
+        log["reduced"].append(closure)
+
+    def release_bucket(bucket_id: Any, bwd: bool, lazy: bool = False) -> None:
+        log["released"].append(log["phase"])
+
+    sharded_grads = strategy in ("optim_grads", "optim_grads_params")
+    group = _Off(
+        requires_grad=True,
+        params=params,
+        main_grad_buffer=_Off(is_data_distributed=sharded_grads),
+    )
+    fsdp = _Off(
+        module=model,
+        data_parallel_sharding_strategy=strategy,
+        ddp_config=_Off(
+            data_parallel_sharding_strategy=strategy,
+            overlap_grad_reduce=overlap,
+            keep_fp8_transpose_cache=True,
+        ),
+        fsdp_unit_modules=[Unit],
+        param_to_name={p: n for n, p in model.named_parameters()},
+        param_and_grad_buffer=_Off(
+            param_to_param_group={p: i for i, p in enumerate(params)},
+            parameter_groups=[group] * len(params),
+        ),
+        all_gather_pipeline=_Off(
+            release_bucket=release_bucket,
+            num_buckets=len(params),
+            bucket_can_be_released={},
+            get_bucket_key=lambda bucket_id, bwd: (bucket_id, bwd),
+        ),
+        all_gather_and_wait_parameters_ready=lambda *args, **kwargs: None,
+        grad_reduce_pipeline=_Off(reduce_gradients=reduce_gradients, reset=lambda: None),
+        dist_index=_Off(use_hybrid_fsdp=False),
+        named_modules=lambda: iter(()),
+        finish_grad_sync=lambda: None,
+        is_last_microbatch=last,
+        model_auto_sync=auto,
+        microbatch_count=0,
+    )
+    register(fsdp, model)
+    out = model(torch.ones(2, 3))
+    log["phase"] = "backward"
+    out.sum().backward()
+    return {
+        "hook_reduced": "_process_post_backward_gradients" in log["reduced"],
+        "root_reduced": "_root_post_backward" in log["reduced"],
+        "released_after_forward": "forward" in log["released"],
+        "fsdp": fsdp,
+        "unit": model[1],
+    }
+
+
+def _hooks_behaviour(register: Any) -> dict[tuple[str, tuple[bool, bool, bool]], Any]:
+    seen = {}
+    for strategy in STRATEGIES:
+        for schedule in SCHEDULES:
+            wrapped = _wrapped(register, strategy, schedule)
+            seen[(strategy, schedule)] = (
+                wrapped["hook_reduced"],
+                wrapped["root_reduced"],
+                wrapped["released_after_forward"],
+            )
+    return seen
+
+
+def _hooks_expected(fixed: bool) -> dict[tuple[str, tuple[bool, bool, bool]], Any]:
+    expected = {}
+    for strategy in STRATEGIES:
+        for schedule in SCHEDULES:
+            reduces = _reduces_expected(strategy, *schedule, fixed=fixed)
+            released = _released_after_forward_expected(strategy, fixed)
+            expected[(strategy, schedule)] = (reduces, reduces, released)
+    return expected
+
+
+def _sync_behaviour(method: Any, strategy: str) -> str:
+    done: list[str] = []
+    fsdp = _Off(
+        data_parallel_sharding_strategy=strategy,
+        ddp_config=_Off(data_parallel_sharding_strategy=strategy, overlap_grad_reduce=False),
+        start_grad_sync=lambda: done.append("start_grad_sync"),
+    )
+    try:
+        method(fsdp)
+    except AssertionError:
+        return "refused"
+    (what,) = done
+    return what
+
+
 # --- the entry's shape ---------------------------------------------------------------------
 
 
-def test_megatron_core_part_has_both_halves_megatron_fsdp_part_the_method(parts):
+def test_megatron_core_part_has_every_half_megatron_fsdp_part_the_methods(parts):
     core, wheel = parts["megatron-core"], parts["megatron-fsdp"]
-    assert [t.attribute for t in core.targets] == [
-        "FullyShardedDataParallel.__init__",
+    methods = [
         "MegatronFSDP.all_gather_and_wait_parameters_ready",
+        "MegatronFSDP._register_fsdp_hooks",
+        "MegatronFSDP.synchronize_gradient_reduce",
     ]
-    assert [t.modules for t in wheel.targets] == [(WHEEL,)]
+    assert [t.attribute for t in core.targets] == ["FullyShardedDataParallel.__init__", *methods]
+    assert [t.attribute for t in wheel.targets] == methods
+    assert {t.modules for t in wheel.targets} == {(WHEEL,)}
+    # The hooks are registered when a model is wrapped: construction-time, counted.
+    hooks = [t for t in ENTRY.targets if t.name == "_register_fsdp_hooks"]
+    assert [(type(t).__name__, t.called_from) for t in hooks] == [("Constructor", "__init__")] * 2
 
 
 def test_upstream_toml_records_upstreams_name_of_the_class():
@@ -163,6 +333,11 @@ def test_sniff_says_needed_on_each_installed_copy(parts, distribution):
     result = part.sniff([resolve_target(t, ID) for t in part.targets])
     assert result.fixed is False and "ZeRO-1" in result.summary
     assert ("ZeRO-2" in result.summary) is (distribution == "megatron-core")
+    assert "overlap_grad_reduce" in result.summary  # the hooks
+    halves = ["overwrite_main_grad", "hooks", "sync_assertion"]
+    if distribution == "megatron-core":
+        halves.insert(0, "units")
+    assert result.detail["fixed"] == dict.fromkeys(halves, False)
 
 
 @pytest.mark.parametrize("upstream_only", [True, False])
@@ -175,14 +350,47 @@ def test_sniff_says_fixed_on_each_rebuilt_copy(parts, distribution, upstream_onl
     assert result.fixed is True, result.summary
 
 
-@pytest.mark.parametrize("half", [0, 1])
-def test_one_half_fixed_is_incompatible(parts, half):
-    part = parts["megatron-core"]
+@pytest.mark.parametrize(
+    ("distribution", "half"),
+    [("megatron-core", h) for h in range(4)] + [("megatron-fsdp", h) for h in range(3)],
+)
+def test_one_half_fixed_is_incompatible(parts, distribution, half):
+    part = parts[distribution]
     targets = [resolve_target(t, ID) for t in part.targets]
     module = vendored_module(ENTRY.vendored)
-    rebuilt = [module.fully_sharded_data_parallel_init, module.all_gather_and_wait_parameters_ready]
-    targets[half] = dataclasses.replace(targets[half], original=rebuilt[half])
+    rebuilt = getattr(module, part.targets[half].replacement_name)
+    targets[half] = dataclasses.replace(targets[half], original=rebuilt)
     with pytest.raises(SniffFailed, match="only part of the fix"):
+        part.sniff(targets)
+
+
+@pytest.mark.parametrize("distribution", ["megatron-core", "megatron-fsdp"])
+def test_hooks_with_only_the_reduce_condition_fixed_are_incompatible(parts, distribution):
+    """Half of the hooks' change (the post-backward condition, not the post-forward hook):
+    neither the installed hooks nor the fixed ones, so the sniff refuses it."""
+    from vendor.megatron_lm_6357 import _source_rule
+    from vendor.megatron_lm_6357 import mcore_fsdp_adapter as rules
+
+    part = parts[distribution]
+    targets = [resolve_target(t, ID) for t in part.targets]
+    (index,) = [i for i, t in enumerate(part.targets) if t.name == "_register_fsdp_hooks"]
+    module_name = part.targets[index].modules[0]
+    original = _source_rule.installed_function(_hooks_method(module_name), sys.modules[module_name])
+
+    def conditions_only(definition: ast.FunctionDef) -> int:
+        nodes = [n for n in ast.walk(definition) if isinstance(n, ast.If)]
+        return sum(rules._reduce_only_sharded_or_overlapped(n) for n in nodes)
+
+    rule = _source_rule.SourceRule(
+        name="test-conditions-only",
+        symbol="MegatronFSDP._register_fsdp_hooks",
+        installed_sha256=_source_rule.source_sha256(original),
+        edit=conditions_only,
+        places=2,
+    )
+    half_fixed = _source_rule.rebuild(original, rule)
+    targets[index] = dataclasses.replace(targets[index], original=half_fixed)
+    with pytest.raises(SniffFailed, match="the hooks _register_fsdp_hooks made"):
         part.sniff(targets)
 
 
@@ -221,6 +429,68 @@ def test_real_overwrite_main_grad_before_apply_after_and_after_revert(module_nam
     finally:
         revert(ID)
     assert _gather_method(module_name) is stock
+
+
+@pytest.mark.parametrize("module_name", [CORE, WHEEL])
+def test_real_hooks_and_sync_before_apply_after_and_after_revert(module_name):
+    """What the hooks of a model wrapped by the live class do: 0.19.2's reduce unsharded
+    gradients in backward without overlap_grad_reduce and release unit parameters after
+    forward under every strategy; after apply, the pull request's rule; after revert, 0.19.2's
+    again. And synchronize_gradient_reduce without overlap_grad_reduce, the same way."""
+
+    def sync_behaviour(method: Any) -> dict[str, str]:
+        return {s: _sync_behaviour(method, s) for s in STRATEGIES}
+
+    stock, stock_sync = _hooks_method(module_name), _sync_method(module_name)
+    assert _hooks_behaviour(stock) == _hooks_expected(fixed=False)
+    assert sync_behaviour(stock_sync) == {s: _sync_expected(s, False) for s in STRATEGIES}
+    report = report_for(apply(ID), ID)
+    try:
+        assert report.action is Action.INSTALLED, report.reason
+        live, live_sync = _hooks_method(module_name), _sync_method(module_name)
+        assert getattr(live, "__backport__", None) == ID == live_sync.__backport__
+        assert _hooks_behaviour(live) == _hooks_expected(fixed=True)
+        # The post-forward hook handed out for 1F1B overlap refuses ZeRO-1/2 now.
+        wrapped = _wrapped(live, "optim", SCHEDULES[0])
+        with pytest.raises(AssertionError, match="optim_grads_params"):
+            wrapped["fsdp"].post_forward_release_module(wrapped["unit"])
+        assert sync_behaviour(live_sync) == {s: _sync_expected(s, True) for s in STRATEGIES}
+    finally:
+        revert(ID)
+    assert _hooks_method(module_name) is stock and _sync_method(module_name) is stock_sync
+    assert _hooks_behaviour(stock) == _hooks_expected(fixed=False)
+
+
+def test_status_and_apply_count_the_megatron_fsdp_models_wrapped_before_it():
+    """A MegatronFSDP built before the install keeps the hooks its constructor registered:
+    the one warning and ``status`` count them, per copy. They are not routed to the
+    original: all_gather_and_wait_parameters_ready's fix reaches them too."""
+    import importlib
+
+    core = importlib.import_module(CORE).MegatronFSDP
+    wheel = importlib.import_module(WHEEL).MegatronFSDP
+    gc.collect()
+    wrapped = [object.__new__(core), object.__new__(core), object.__new__(wheel)]
+    said = report_for(status(ID), ID)
+    assert said.verdict is Verdict.NEEDED
+    core_reason, wheel_reason = said.reason.split("; megatron-fsdp")
+    assert "2 MegatronFSDP built before the install" in core_reason, said.reason
+    assert "1 MegatronFSDP built before the install" in wheel_reason, said.reason
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        report = report_for(apply(ID), ID)
+    try:
+        assert report.action is Action.INSTALLED, report.reason
+        mine = [str(w.message) for w in caught if issubclass(w.category, BackportWarning)]
+        assert [m for m in mine if ID in m and "2 MegatronFSDP" in m], mine
+        for cls in (core, wheel):
+            for name in ("all_gather_and_wait_parameters_ready", "synchronize_gradient_reduce"):
+                live = vars(cls)[name]
+                assert live.__backport__ == ID
+                assert not hasattr(live, "__backport_old_objects__"), name
+    finally:
+        revert(ID)
+    assert len(wrapped) == 3
 
 
 def test_status_and_apply_count_the_models_wrapped_before_it(adapter):
@@ -283,3 +553,19 @@ def test_the_constructor_is_found_under_its_renamed_class(tmp_path, monkeypatch)
         assert find_in(module, dataclasses.replace(target, owner_renamed=()), ID) is None
     finally:
         monkeypatch.delitem(__import__("sys").modules, "renamed_fsdp_adapter")
+
+
+def test_the_hooks_sniff_leaves_the_callers_state_alone(parts):
+    """Judged under ``inference_mode`` (a caller may ask ``status`` there), it still sees
+    the hooks; the caller's random stream is where it was."""
+    import torch
+
+    part = parts["megatron-core"]
+    targets = [resolve_target(t, ID) for t in part.targets]
+    torch.manual_seed(1234)
+    expected = torch.rand(3)
+    torch.manual_seed(1234)
+    with torch.inference_mode():
+        result = part.sniff(targets)
+    assert result.fixed is False and "overlap_grad_reduce" in result.summary
+    assert torch.equal(torch.rand(3), expected)

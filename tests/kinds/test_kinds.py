@@ -392,3 +392,90 @@ def test_every_builtin_kind_is_built_on_the_base_and_gives_sniffs_a_resolved(rop
         assert isinstance(kind, BaseKind), kind.name
         resolved = kind.resolve(target, ID)
         assert isinstance(resolved, Resolved) and kind.stock(target, resolved).original is not None
+
+
+# ---- a method the constructor calls: construction-time, routes nothing ----------------------
+
+MFSDP = "megatron.core.distributed.fsdp.src.megatron_fsdp.megatron_fsdp"
+HOOKS = Constructor(
+    distribution="megatron-core",
+    modules=(MFSDP,),
+    attribute="MegatronFSDP._register_fsdp_hooks",
+    parameters=("self", "root_module"),
+    called_from="__init__",
+)
+SYNC = Target(
+    distribution="megatron-core",
+    modules=(MFSDP,),
+    attribute="MegatronFSDP.synchronize_gradient_reduce",
+    parameters=("self",),
+)
+
+
+def _spec(*targets: Target) -> object:
+    from packaging.version import Version
+
+    from backports.megatron.model import BackportSpec
+
+    return BackportSpec(
+        id="acme-1",
+        title="t",
+        targets=targets,
+        target_since=Version("0.19"),
+        fixed_in=None,
+        sniff=lambda targets: None,  # type: ignore[arg-type,return-value]
+    )
+
+
+def test_a_method_the_constructor_calls_is_counted_but_routes_nothing():
+    """``MegatronFSDP._register_fsdp_hooks`` (the hooks a model keeps): the objects built
+    before the install are counted as a constructor's are, but not recorded, so a method of
+    the same entry and class (listed after it) runs the replacement for them too."""
+    from backports.megatron.kinds._built_before import built_before
+
+    kind = kind_of(HOOKS)
+    resolved = kind.resolve(HOOKS, ID)
+    owner = resolved.owner
+    before = kind.existing(resolved)
+    built = [object.__new__(owner), object.__new__(owner)]
+    assert kind.existing(resolved) == before + 2
+    sync = kind_of(SYNC).resolve(SYNC, ID)
+
+    def hooks(self, root_module):  # type: ignore[no-untyped-def]
+        return "hooks"
+
+    def synchronize(self):  # type: ignore[no-untyped-def]
+        return "vendored"
+
+    install(ID, [(HOOKS, resolved, hooks), (SYNC, sync, synchronize)])
+    assert built_before(ID, owner) is None
+    live = vars(owner)["synchronize_gradient_reduce"]
+    assert not hasattr(live, "__backport_old_objects__")
+    assert live(built[0]) == "vendored"  # an object built before runs the replacement
+    uninstall(ID)
+    assert vars(owner)["synchronize_gradient_reduce"] is sync.original
+
+
+def test_a_method_the_constructor_calls_is_named_with_its_constructor():
+    _spec(SYNC, HOOKS)  # records nothing: its place among its class's methods is free
+    with pytest.raises(ValueError, match="called from '__new__'"):
+        _spec(dataclasses.replace(HOOKS, called_from="__new__"))
+    with pytest.raises(ValueError, match=r"a method called from Class\.__init__"):
+        _spec(dataclasses.replace(HOOKS, attribute="register_fsdp_hooks"))
+
+
+def test_the_count_finds_the_objects_of_a_class_and_its_subclasses_either_way():
+    """A few classes made in Python: one pass in C over their referrers; many: a pass over
+    every object. The same objects either way, found by their type."""
+    from backports.megatron.kinds.constructor import _alive
+
+    class Base:
+        pass
+
+    few = type("Few", (Base,), {})
+    made = [Base(), few(), few()]
+    assert {id(o) for o in _alive(Base)} == {id(o) for o in made}
+    assert {id(o) for o in _alive(few)} == {id(o) for o in made[1:]}
+    many = [type(f"Many{i}", (Base,), {}) for i in range(20)]
+    made.append(many[-1]())
+    assert {id(o) for o in _alive(Base)} == {id(o) for o in made}

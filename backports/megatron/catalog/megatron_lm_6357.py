@@ -1,5 +1,6 @@
-"""NVIDIA/Megatron-LM#6357 (two halves): MFSDP v1 shards gradients in units under ZeRO-2 and
-lets TE's wgrad fusion accumulate into ``main_grad`` under ZeRO-1.
+"""NVIDIA/Megatron-LM#6357: MFSDP v1 shards gradients in units under ZeRO-2, lets TE's wgrad
+fusion accumulate into ``main_grad`` under ZeRO-1, and gives a wrapped model only the hooks
+its sharding strategy needs.
 
 In megatron-core 0.19.2, ``FullyShardedDataParallel`` (upstream's
 ``FullyShardedDataParallelV1`` since #5865) makes transformer, MoE and Mamba layers FSDP
@@ -8,20 +9,24 @@ one unit, so every gradient is allocated at once (out of memory: upstream issue 
 ``MegatronFSDP.all_gather_and_wait_parameters_ready`` marks every gathered parameter
 ``overwrite_main_grad``: under ``optim`` (ZeRO-1) Transformer Engine's gradient accumulation
 fusion then overwrites ``main_grad`` on each micro-batch instead of adding to it, so
-gradient accumulation silently keeps only the last micro-batch.
+gradient accumulation silently keeps only the last micro-batch. The hooks
+``MegatronFSDP._register_fsdp_hooks`` registers when a model is wrapped reduce the
+gradients of ``no_shard`` and ``optim`` in backward on the last micro-batch even without
+``overlap_grad_reduce`` (``start_grad_sync`` then reduces the unsharded buffer again), and
+release every FSDP unit's parameters after its forward although only ZeRO-3 shards them
+(with the units above, ZeRO-1/2 models get those hooks too); ``synchronize_gradient_reduce``
+reduces ZeRO-2/3 gradients synchronously where it should refuse.
 
-Carried here: those two halves, the ones that can be shown without CUDA (which modules are
-units, and the ``overwrite_main_grad`` decision). Not carried: the rest of the pull request,
-in the hooks ``_register_fsdp_hooks`` makes when a model is wrapped (the reduce-scatter
-condition of the post-backward hooks, two of them torch.compile'd, which also stops the
-redundant reduction of unsharded buffers without ``overlap_grad_reduce``; the post-forward
-reshard hook registered only under ZeRO-3) and ``synchronize_gradient_reduce``'s assertion:
-they need a wrapped model on GPUs to be shown.
+Carried: all of it, in four methods, each rebuilt from its installed text by a source rule.
+The sniff shows each half on CPU: the units the constructor chooses, the
+``overwrite_main_grad`` decision, what the installed hooks do in one forward and backward of
+a two-layer model on a stand-in MegatronFSDP, and what ``synchronize_gradient_reduce`` does
+without ``overlap_grad_reduce``; some halves fixed and others not is ``incompatible``.
 
-The constructor is construction-time: a model wrapped before the install keeps its units
-(the report counts them). The megatron-fsdp wheel ships the same
-``all_gather_and_wait_parameters_ready``: its copy is judged and installed on its own
-(``copies``).
+The constructor and ``_register_fsdp_hooks`` are construction-time: a model wrapped before
+the install keeps its units and its hooks (the report counts the FullyShardedDataParallel and
+MegatronFSDP objects built before it). The megatron-fsdp wheel ships the same three
+MegatronFSDP methods: its copy is judged and installed on its own (``copies``).
 """
 
 from collections.abc import Sequence
@@ -135,6 +140,140 @@ _STOCK_OVERWRITE = {
 }
 
 
+# --- the hooks a wrapped model gets, on a stand-in MegatronFSDP over a two-layer model -------
+
+# The gradient buffers are sharded under these (gradients reduce-scattered as they are made;
+# MegatronFSDP's constructor forces overlap_grad_reduce on for them).
+_SHARDED_GRADS = ("optim_grads", "optim_grads_params")
+
+
+def _hooks_seen(register: MegatronFunction, strategy: str) -> dict[str, bool]:
+    """What the hooks ``register`` (``_register_fsdp_hooks``, unwrapped) makes do in one
+    forward and backward on the last micro-batch, ``overlap_grad_reduce`` off but where the
+    gradient is sharded: whether the FSDP unit's parameters are released after its forward
+    (``resharded``), and whether the per-parameter post-backward hook and the root one (for a
+    shared parameter, which only the root hook handles) reduce gradients."""
+    import torch
+
+    unit = type("Unit", (torch.nn.Linear,), {})  # the FSDP unit module
+    # On the CPU, whatever the caller's default device; the caller's random stream untouched;
+    # with gradients even where the caller judges under no_grad() or inference_mode().
+    with torch.random.fork_rng(devices=[]), torch.inference_mode(False), torch.enable_grad():
+        model = torch.nn.Sequential(
+            unit(2, 2, device="cpu"), torch.nn.Linear(2, 1, bias=False, device="cpu")
+        )
+        return _run_hooks(register, strategy, unit, model)
+
+
+def _run_hooks(
+    register: MegatronFunction, strategy: str, unit: type, model: Any
+) -> dict[str, bool]:
+    import torch
+
+    names = {parameter: name for name, parameter in model.named_parameters()}
+    shared = model[1].weight
+    for parameter in names:
+        parameter.grad_added_to_main_grad = False
+        parameter.get_main_grad = lambda p=parameter: torch.zeros_like(p)
+    shared._is_shared = True
+    phase = ["forward"]
+    released: list[str] = []
+    reduced: list[str] = []
+
+    def release_bucket(bucket_id: int, bwd: bool, lazy: bool = False) -> None:
+        released.append(phase[0])
+
+    def reduce_gradients(params: list[Any], **kwargs: Any) -> None:
+        reduced.extend(names[p] for p in params)
+
+    group = _Unset(
+        requires_grad=True,
+        params=list(names),
+        main_grad_buffer=_Unset(is_data_distributed=strategy in _SHARDED_GRADS),
+    )
+    fsdp = _Unset(
+        module=model,
+        data_parallel_sharding_strategy=strategy,
+        ddp_config=_Unset(
+            data_parallel_sharding_strategy=strategy,
+            overlap_grad_reduce=strategy in _SHARDED_GRADS,
+            keep_fp8_transpose_cache=True,
+        ),
+        fsdp_unit_modules=[unit],
+        param_to_name=names,
+        param_and_grad_buffer=_Unset(
+            param_to_param_group=dict.fromkeys(names, 0), parameter_groups=[group]
+        ),
+        all_gather_pipeline=_Unset(
+            release_bucket=release_bucket,
+            num_buckets=1,
+            bucket_can_be_released={},
+            get_bucket_key=lambda bucket_id, bwd: (bucket_id, bwd),
+        ),
+        all_gather_and_wait_parameters_ready=lambda *args, **kwargs: None,
+        grad_reduce_pipeline=_Unset(reduce_gradients=reduce_gradients, reset=lambda: None),
+        dist_index=_Unset(use_hybrid_fsdp=False),
+        named_modules=lambda: iter(()),
+        is_last_microbatch=True,
+        model_auto_sync=False,
+        microbatch_count=0,
+    )
+    register(fsdp, model)
+    output = model(torch.ones(1, 2, device="cpu"))
+    phase[0] = "backward"
+    output.sum().backward()
+    return {
+        "resharded": "forward" in released,
+        "hook_reduced": any(name != "1.weight" for name in reduced),
+        "root_reduced": "1.weight" in reduced,
+    }
+
+
+def _hooks_expected(strategy: str, fixed: bool) -> dict[str, bool]:
+    if not fixed:  # every unit resharded after forward, every gradient reduced in backward
+        return {"resharded": True, "hook_reduced": True, "root_reduced": True}
+    reduces = strategy in _SHARDED_GRADS  # or overlap_grad_reduce, off here
+    resharded = strategy == "optim_grads_params"
+    return {"resharded": resharded, "hook_reduced": reduces, "root_reduced": reduces}
+
+
+def _sync_seen(method: MegatronFunction, strategy: str) -> str:
+    """What ``synchronize_gradient_reduce`` does without ``overlap_grad_reduce``: "reduced"
+    (start_grad_sync) or "refused" (an AssertionError)."""
+    done: list[str] = []
+    fsdp = _Unset(
+        data_parallel_sharding_strategy=strategy,
+        ddp_config=_Unset(data_parallel_sharding_strategy=strategy, overlap_grad_reduce=False),
+        start_grad_sync=lambda *args: done.append("reduced"),
+    )
+    try:
+        method(fsdp)
+    except AssertionError:
+        return "refused"
+    if done != ["reduced"]:
+        raise SniffFailed(f"synchronize_gradient_reduce did {done} under {strategy}")
+    return "reduced"
+
+
+def _judge_hooks(target: ResolvedTarget) -> bool:
+    import inspect
+
+    register = inspect.unwrap(target.original)
+    seen = {s: _hooks_seen(register, s) for s in _STRATEGIES}
+    fixed = {s: _hooks_expected(s, True) for s in _STRATEGIES}
+    if seen not in (fixed, {s: _hooks_expected(s, False) for s in _STRATEGIES}):
+        raise SniffFailed(f"the hooks _register_fsdp_hooks made did {seen}")
+    return seen == fixed
+
+
+def _judge_sync(target: ResolvedTarget) -> bool:
+    seen = {s: _sync_seen(target.original, s) for s in _STRATEGIES}
+    fixed = {s: ("refused" if s in _SHARDED_GRADS else "reduced") for s in _STRATEGIES}
+    if seen not in (fixed, dict.fromkeys(_STRATEGIES, "reduced")):
+        raise SniffFailed(f"synchronize_gradient_reduce without overlap_grad_reduce: {seen}")
+    return seen == fixed
+
+
 def _judge_units(target: ResolvedTarget) -> bool:
     owner = target.owner
     if not isinstance(owner, type):
@@ -161,40 +300,66 @@ def _judge_overwrite(target: ResolvedTarget) -> bool:
 def _sniff(targets: Sequence[Resolved]) -> SniffResult:
     """Per copy: megatron-core's (the constructor and the method: both fixed, or neither,
     else incompatible) or megatron-fsdp's (the method)."""
-    judged: dict[str, bool] = {}
-    for target in recorded_as(targets, ResolvedTarget):
-        if target.name == "__init__":
-            judged["units"] = _judge_units(target)
-        else:
-            judged["overwrite_main_grad"] = _judge_overwrite(target)
+    judged = {
+        _HALVES[target.name][0]: _HALVES[target.name][1](target)
+        for target in recorded_as(targets, ResolvedTarget)
+    }
     detail: dict[str, Any] = {"fixed": judged}
     if all(judged.values()):
-        summary = (
-            "FSDP units under every sharding strategy but no_shard; main_grad overwritten "
-            "only where the gradient is sharded"
-        )
-        return SniffResult(True, summary, detail)
+        return SniffResult(True, "; ".join(_HAS[half] for half in judged), detail)
     if not any(judged.values()):
-        lacks = []
-        if "units" in judged:
-            lacks.append(
-                "ZeRO-2 (optim_grads) wraps the whole model as one FSDP unit: every gradient "
-                "is allocated at once"
-            )
-        lacks.append(
-            "under ZeRO-1 (optim) TE's wgrad fusion overwrites main_grad instead of "
-            "accumulating micro-batches"
-        )
+        lacks = [_LACKS[half] for half in judged]
         return SniffResult(False, "; ".join(lacks), detail)
     raise SniffFailed(f"only part of the fix is there: {judged}")
 
 
+# target name -> (the half it carries, its judge)
+_HALVES: dict[str, tuple[str, Any]] = {
+    "__init__": ("units", _judge_units),
+    "all_gather_and_wait_parameters_ready": ("overwrite_main_grad", _judge_overwrite),
+    "_register_fsdp_hooks": ("hooks", _judge_hooks),
+    "synchronize_gradient_reduce": ("sync_assertion", _judge_sync),
+}
+_HAS = {
+    "units": "FSDP units under every sharding strategy but no_shard",
+    "overwrite_main_grad": "main_grad overwritten only where the gradient is sharded",
+    "hooks": (
+        "unsharded gradients reduced in backward only when overlapped; unit parameters "
+        "released after forward only under ZeRO-3"
+    ),
+    "sync_assertion": "no synchronous reduction of sharded gradients",
+}
+_LACKS = {
+    "units": (
+        "ZeRO-2 (optim_grads) wraps the whole model as one FSDP unit: every gradient is "
+        "allocated at once"
+    ),
+    "overwrite_main_grad": (
+        "under ZeRO-1 (optim) TE's wgrad fusion overwrites main_grad instead of accumulating "
+        "micro-batches"
+    ),
+    "hooks": (
+        "the hooks of a wrapped model reduce no_shard/optim gradients in backward without "
+        "overlap_grad_reduce (start_grad_sync reduces them again) and release FSDP unit "
+        "parameters after forward under every strategy"
+    ),
+    "sync_assertion": (
+        "synchronize_gradient_reduce reduces optim_grads/optim_grads_params gradients "
+        "synchronously instead of refusing"
+    ),
+}
+
+
+_CORE = "megatron.core.distributed.fsdp.src.megatron_fsdp.megatron_fsdp"
+_WHEEL = "megatron_fsdp.megatron_fsdp"
 _GATHER = "MegatronFSDP.all_gather_and_wait_parameters_ready"
+_HOOKS = "MegatronFSDP._register_fsdp_hooks"
+_SYNC = "MegatronFSDP.synchronize_gradient_reduce"
 _GATHER_PARAMETERS = ("self", "params", "prefetch", "prefetch_order", "wait_bucket_ready", "bwd")
 
 SPEC = BackportSpec(
     id="megatron-lm-6357",
-    title="MFSDP v1: FSDP units under ZeRO-2, main_grad accumulated under ZeRO-1 (partial)",
+    title="MFSDP v1: units under ZeRO-2, main_grad accumulated under ZeRO-1, hooks per strategy",
     targets=(
         # Construction-time: reaches only models wrapped after the install. Upstream's main
         # calls the class FullyShardedDataParallelV1 (#5865): UPSTREAM.toml records the name.
@@ -219,16 +384,46 @@ SPEC = BackportSpec(
         ),
         Target(
             distribution="megatron-core",
-            modules=("megatron.core.distributed.fsdp.src.megatron_fsdp.megatron_fsdp",),
+            modules=(_CORE,),
             attribute=_GATHER,
             parameters=_GATHER_PARAMETERS,
         ),
+        # Construction-time too: MegatronFSDP's constructor registers the hooks, whose
+        # closures a model wrapped before the install keeps (the report counts those).
+        Constructor(
+            distribution="megatron-core",
+            modules=(_CORE,),
+            attribute=_HOOKS,
+            parameters=("self", "root_module"),
+            called_from="__init__",
+        ),
+        Target(
+            distribution="megatron-core",
+            modules=(_CORE,),
+            attribute=_SYNC,
+            parameters=("self",),
+        ),
         Target(
             distribution="megatron-fsdp",
-            modules=("megatron_fsdp.megatron_fsdp",),
+            modules=(_WHEEL,),
             attribute=_GATHER,
             parameters=_GATHER_PARAMETERS,
             replacement="megatron_fsdp_all_gather_and_wait_parameters_ready",
+        ),
+        Constructor(
+            distribution="megatron-fsdp",
+            modules=(_WHEEL,),
+            attribute=_HOOKS,
+            parameters=("self", "root_module"),
+            replacement="megatron_fsdp_register_fsdp_hooks",
+            called_from="__init__",
+        ),
+        Target(
+            distribution="megatron-fsdp",
+            modules=(_WHEEL,),
+            attribute=_SYNC,
+            parameters=("self",),
+            replacement="megatron_fsdp_synchronize_gradient_reduce",
         ),
     ),
     # Both halves are in 0.15.3 (older releases not read).

@@ -7,6 +7,12 @@ report, ``apply`` makes it the job's one warning, and ``status`` says the same. 
 records them at the install (``_built_before``): the entry's methods of the same class, which
 may read what only the fixed constructor sets (#6099's ``count_zeros``), run the original
 for them, so such an object keeps the installed release's behaviour rather than failing.
+
+A method the constructor calls once to set up what the object keeps (``called_from``:
+#6357's ``MegatronFSDP._register_fsdp_hooks``, whose hooks close over what they read) is
+construction-time too: its objects built before the install are counted the same way, but
+not recorded, so the entry's other methods of that class still reach them (#6357's
+``all_gather_and_wait_parameters_ready`` fixes old models too).
 """
 
 import gc
@@ -22,10 +28,23 @@ from .function import FunctionKind
 @dataclass(frozen=True)
 class Constructor(Target):
     """``Class.__init__`` (or ``Class.__post_init__``) of the class that defines it: objects
-    built before the install are not reached, and the report says how many there are."""
+    built before the install are not reached, and the report says how many there are. With
+    ``called_from`` (the constructor's name), a method that constructor calls once (hooks
+    registered when the object is built): counted the same way, routed nowhere."""
+
+    # "" for the constructor itself; else "__init__" or "__post_init__", which calls it.
+    called_from: str = ""
 
     def problem_in(self, targets: Sequence[Target]) -> str | None:
-        if self.owner_name is None or self.name not in ("__init__", "__post_init__"):
+        if self.called_from:
+            if self.owner_name is None or self.called_from not in _CONSTRUCTORS:
+                return (
+                    f"a Constructor target called from a constructor is a method called from "
+                    f"Class.__init__ or Class.__post_init__, not {self.attribute} called from "
+                    f"{self.called_from!r}"
+                )
+            return None  # it records nothing: no method of its class depends on its place
+        if self.owner_name is None or self.name not in _CONSTRUCTORS:
             wanted = "Class.__init__ or Class.__post_init__"
             return f"a Constructor target is {wanted}, not {self.attribute}"
         # Its methods learn of the objects built before it when they install after it.
@@ -42,28 +61,36 @@ class Constructor(Target):
         return None
 
 
-def _with_subclasses(cls: type) -> set[type]:
-    """``cls`` and every class derived from it, now."""
-    found, todo = {cls}, [cls]
-    while todo:
-        subclasses: list[type] = todo.pop().__subclasses__()
-        for sub in subclasses:
-            if sub not in found:
-                found.add(sub)
-                todo.append(sub)
-    return found
+_CONSTRUCTORS = ("__init__", "__post_init__")
+
+
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement or type()
+_FEW_CLASSES = 16  # past this, get_referrers' per-object test costs more than a Python pass
 
 
 def _alive(cls: type) -> list[object]:
     """Objects of ``cls`` (or a subclass) the garbage collector tracks now. By their type
     alone: ``isinstance`` would also ask each object's ``__class__``, which some answer
-    with a warning (torch's deprecated ``reduce_op``) or worse; an ABC's registered virtual
-    subclasses do not run its constructor and are not counted. An object of a Python class
-    refers to its class, so the collector's referrers of the classes hold every instance:
-    one pass in C (~60 ms with torch and megatron loaded) instead of an ``issubclass`` per
-    tracked object (~200 ms, and several times that for an ABC such as MegatronOptimizer)."""
+    with a warning (torch's deprecated ``reduce_op``) or worse. An object of a class made
+    in Python refers to its class (CPython's traversal visits it), so for a few such classes
+    one pass in C finds them (a few times faster than a Python loop over every object: status
+    counts several classes)."""
     classes = _with_subclasses(cls)
-    return [obj for obj in gc.get_referrers(*classes) if type(obj) in classes]
+    if len(classes) <= _FEW_CLASSES and all(c.__flags__ & _HEAP_TYPE for c in classes):
+        wanted = {id(c) for c in classes}
+        return [obj for obj in gc.get_referrers(*classes) if id(type(obj)) in wanted]
+    return [obj for obj in gc.get_objects() if issubclass(type(obj), cls)]
+
+
+def _with_subclasses(cls: type) -> list[type]:
+    found: dict[int, type] = {}  # by identity: a metaclass may define __eq__
+    todo = [cls]
+    while todo:
+        current = todo.pop()
+        if id(current) not in found:
+            found[id(current)] = current
+            todo.extend(type.__subclasses__(current))
+    return list(found.values())
 
 
 def _instances(cls: type) -> int:
@@ -94,15 +121,21 @@ class ConstructorKind(FunctionKind):
     ) -> Part:
         part = super().install(backport_id, target, resolved, replacement, markers, aliases)
         owner = resolved.owner
-        if isinstance(owner, type):
+        if isinstance(owner, type) and not _called_from_constructor(target):
             record(backport_id, owner, _alive(owner))
         return part
 
     def uninstall(self, part: Part) -> None:
         super().uninstall(part)
         owner = self.record_of(part).owner
-        if isinstance(owner, type):
+        if isinstance(owner, type) and not _called_from_constructor(part.target):
             forget(part.backport_id, owner)
+
+
+def _called_from_constructor(target: Target) -> bool:
+    """A method the constructor calls (it records nothing: the entry's other methods of its
+    class run the fix for every object)."""
+    return bool(getattr(target, "called_from", ""))
 
 
 KIND = ConstructorKind()
