@@ -4,6 +4,7 @@ import functools
 import importlib
 import importlib.metadata
 import os
+import sys
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,6 +74,46 @@ def skip_environment_plugins() -> dict[str, str]:
 def builtin_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ``--json`` rows of builtin entries (a user's plugin in the venv adds its own)."""
     return [row for row in rows if row.get("source") == "builtin"]
+
+
+def _path_state() -> tuple[tuple[str, int], ...]:
+    """``sys.path`` with each folder's mtime: adding or removing a distribution (a
+    ``.dist-info`` folder: pip, or a test's ``make_plugin``) changes its folder's mtime."""
+    state = []
+    for folder in sys.path:
+        try:
+            state.append((folder, os.stat(folder or ".").st_mtime_ns))
+        except OSError:
+            state.append((folder, -1))
+    return tuple(state)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _entry_points_read_once_per_path() -> Iterator[None]:
+    """The catalog's plugins are loaded once per process in a job; every test starts a new
+    session (``SESSION.reset()``) and would read every distribution's entry points again
+    (~30 ms, ~2,000 tests). The listing of the plugins' group is kept while ``sys.path``
+    and its folders are unchanged; any other call reads afresh."""
+    from backports.megatron.catalog._plugins import GROUP
+
+    real = importlib.metadata.entry_points
+    kept: dict[tuple[tuple[str, int], ...], Any] = {}
+
+    @functools.wraps(real)
+    def entry_points(**params: Any) -> Any:
+        if params != {"group": GROUP}:
+            return real(**params)
+        state = _path_state()
+        if state not in kept:
+            kept.clear()
+            kept[state] = real(**params)
+        return kept[state]
+
+    importlib.metadata.entry_points = entry_points  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        importlib.metadata.entry_points = real
 
 
 @pytest.fixture(autouse=True)

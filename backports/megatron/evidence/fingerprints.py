@@ -203,13 +203,19 @@ def offering_imports(path: Sequence[str], names: Iterable[str] | None = None) ->
 
 
 def _regular(folder: str, names: frozenset[str]) -> frozenset[str]:
-    """The names of ``folder`` that are modules or regular packages (an ``__init__.py``)."""
-    here = Path(folder)
-    return frozenset(
-        name
-        for name in names
-        if not (here / name).is_dir() or (here / name / "__init__.py").is_file()
-    )
+    """The names of ``folder`` that are modules or regular packages (an ``__init__.py``)
+    (read once per look: with strings, not ``Path`` objects, as it runs for every name of
+    every folder of the path)."""
+
+    def read() -> frozenset[str]:
+        return frozenset(
+            name
+            for name in names
+            if not os.path.isdir(os.path.join(folder, name))
+            or os.path.isfile(os.path.join(folder, name, "__init__.py"))
+        )
+
+    return remembered(("fingerprints", "regular", folder, names), read)
 
 
 def _holds_distributions(folder: str) -> bool:
@@ -222,14 +228,18 @@ def _inside_a_package(folder: str, path: Sequence[str]) -> bool:
     """Whether ``folder`` lies inside a package of another folder of ``path`` (setuptools
     puts its ``_vendor`` folder on the path when something imports it): an import that
     happened here, not where the child's modules come from; it would key a proof taken
-    after that import apart from a process that has not made it yet."""
-    here = Path(folder)
-    for other in path:
-        if other and other != folder and here.is_relative_to(other):
-            first = here.relative_to(other).parts[0]
-            if (Path(other) / first / "__init__.py").is_file():
-                return True
-    return False
+    after that import apart from a process that has not made it yet (read once per look)."""
+
+    def read() -> bool:
+        here = Path(folder)
+        for other in path:
+            if other and other != folder and here.is_relative_to(other):
+                first = here.relative_to(other).parts[0]
+                if os.path.isfile(os.path.join(other, first, "__init__.py")):
+                    return True
+        return False
+
+    return remembered(("fingerprints", "inside-a-package", folder, tuple(path)), read)
 
 
 def _offered(folder: str) -> frozenset[str]:
