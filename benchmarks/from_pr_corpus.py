@@ -78,8 +78,10 @@ def corpus(mirror: Path) -> list[dict[str, Any]]:
     prs = []
     for line in log:
         sha, _, subject = line.partition(" ")
-        match = _PR.search(subject)
-        if "fix" not in subject.lower() or match is None:
+        # The merged pull request is the last (#N) of the subject: a re-land names the
+        # pull request it carries first ("Fix ... (#4699) (#5067)" merged #5067).
+        numbers = _PR.findall(subject)
+        if "fix" not in subject.lower() or not numbers:
             continue
         files = subprocess.run(
             ["git", "--git-dir", str(mirror), "diff", "--name-only", f"{sha}^1", sha],
@@ -88,7 +90,7 @@ def corpus(mirror: Path) -> list[dict[str, Any]]:
             check=True,
         ).stdout.split()
         prs.append(
-            {"pr": int(match.group(1)), "merge": sha, "subject": subject, "files": len(files)}
+            {"pr": int(numbers[-1]), "merge": sha, "subject": subject, "files": len(files)}
         )
     return prs
 
@@ -190,7 +192,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         return {"corpus": prs}
     held: dict[int, dict[str, Any]] = {}
     if args.out.is_file():
-        held = {run["pr"]: run for run in json.loads(args.out.read_text())["runs"]}
+        in_corpus = {entry["pr"] for entry in prs}  # a run of a number since corrected drops
+        runs_held = json.loads(args.out.read_text())["runs"]
+        held = {run["pr"]: run for run in runs_held if run["pr"] in in_corpus}
     todo = [e for e in prs if (args.prs is None or e["pr"] in args.prs)]
     if args.limit is not None:
         todo = sorted((e for e in todo if e["pr"] not in held), key=lambda e: e["files"])
