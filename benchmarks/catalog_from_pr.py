@@ -79,7 +79,12 @@ def _env(scratch: Path) -> dict[str, str]:
 
 
 def _reason(exit_code: int, out: str, err: str) -> str:
-    """The line that says why: stderr's last line for a refusal, else the report's last."""
+    """The line that says why: the command's one error line (``backports new: ...``) where
+    it printed one (a conflict prints the hunk after it), else stderr's last line for a
+    refusal, else the report's last."""
+    said = [line.strip() for line in err.splitlines() if line.startswith("backports new:")]
+    if exit_code and said:
+        return said[-1]
     lines = [line for line in (err if exit_code else out).splitlines() if line.strip()]
     if not lines:
         lines = [line for line in (out + "\n" + err).splitlines() if line.strip()]
