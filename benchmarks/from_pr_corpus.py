@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         subprocess.run(["git", "clone", "--quiet", str(args.mirror), str(clone)], check=True)
         for entry in todo:
             run = _one(entry, args.python, clone, scratch)
+            run["code_commit"] = code.get("commit")  # runs held from earlier calls keep theirs
             held[run["pr"]] = run
             print(
                 f"#{run['pr']}: {run['outcome']} in {run['wall_seconds']} s: {run['reason'][:150]}",

@@ -20,7 +20,12 @@ from backports.megatron.authoring.from_pr.model import Located, Symbol
 from backports.megatron.authoring.from_pr.resolve import resolve_pull_request
 from backports.megatron.authoring.from_pr.symbols import changed_symbols
 from backports.megatron.authoring.from_pr.units import map_units
-from backports.megatron.authoring.from_pr.vendor import VendoredCode, _new_imports, vendor
+from backports.megatron.authoring.from_pr.vendor import (
+    VendoredCode,
+    _new_imports,
+    vendor,
+    with_module_imports,
+)
 from backports.megatron.kinds import kind_of
 from backports.megatron.kinds.added import AddedAttribute
 from backports.megatron.kinds.install import uninstall
@@ -315,6 +320,25 @@ def test_a_drifted_symbol_merged_into_the_installed_text_gets_the_new_imports() 
     )
     assert _new_imports(base, new) == "from c import d as e\nimport g.h\n"
     assert _new_imports(base, base) == ""
+
+
+def test_the_new_imports_of_a_merged_method_go_to_module_level_not_into_its_class() -> None:
+    """#4990 (a method of a class, drifted, with a new import) crashed with an
+    IndentationError: the import lines were put where the method starts, inside the class."""
+    text = (
+        '"""Doc."""\nimport os\n\n\nclass A:\n    x = 1\n\n    def f(self):\n'
+        "        return e\n\n    def __init__(self):\n        pass\n"
+    )
+    done = with_module_imports(text, "from c import d as e\n")
+    assert done.splitlines()[:3] == ['"""Doc."""', "import os", "from c import d as e"]
+    ast.parse(done)
+    only_doc = '"""Doc."""\n\n\ndef f():\n    return e\n'
+    assert with_module_imports(only_doc, "import g\n").splitlines()[:2] == [
+        '"""Doc."""',
+        "import g",
+    ]
+    assert with_module_imports("def f():\n    pass\n", "import g\n").startswith("import g\ndef f")
+    assert with_module_imports(text, "") == text
 
 
 # ---- whole derivations (slow) ------------------------------------------------------------------

@@ -153,8 +153,28 @@ def _merged_source(loc: Located, clone: Clone, pr: PullRequest, installed: Insta
     scope = units.scope(loc.qualname)
     assert scope is not None
     lines = text.splitlines(keepends=True)
-    imports = _new_imports(base_text, new_text)
-    return "".join(lines[: scope.first - 1]) + imports + merged + "".join(lines[scope.last :])
+    merged_text = "".join(lines[: scope.first - 1]) + merged + "".join(lines[scope.last :])
+    return with_module_imports(merged_text, _new_imports(base_text, new_text))
+
+
+def with_module_imports(text: str, imports: str) -> str:
+    """``text`` with ``imports`` (whole lines) at module level: after its last top-level
+    import, else at its top (after a docstring and ``from __future__``). Never beside the
+    merged symbol: a method's place is inside its class, where an import line would end
+    the class body."""
+    if not imports:
+        return text
+    with warnings.catch_warnings():  # upstream's invalid escapes are not ours to warn of
+        warnings.simplefilter("ignore", SyntaxWarning)
+        body = ast.parse(text).body
+    found: list[ast.stmt] = [s for s in body if isinstance(s, ast.Import | ast.ImportFrom)]
+    if not found and body and isinstance(body[0], ast.Expr):  # the module's docstring
+        found = [body[0]]
+    after = (found[-1].end_lineno or 0) if found else 0
+    lines = text.splitlines(keepends=True)
+    if after and not lines[after - 1].endswith("\n"):
+        lines[after - 1] += "\n"
+    return "".join(lines[:after]) + imports + "".join(lines[after:])
 
 
 def _import_texts(text: str) -> list[str]:
