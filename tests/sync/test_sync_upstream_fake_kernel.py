@@ -19,6 +19,7 @@ import io
 import json
 import shutil
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -120,10 +121,31 @@ def vendored(synced_catalog: BackportSpec, tilelang_dsa: ModuleType) -> Any:
 # The hand-written function's behaviour tests and the local changes' tests, collected again
 # in this module: here the `installed` and `vendored` fixtures and the catalog above hand
 # them the synced function.
+# They run in the slow selection: the fast one runs each against the hand-written function,
+# and here the synced text's own tests below (its bits equal to the vendored function's
+# alone, the local changes kept) stand for it.
+_THE_SAME_TESTS_ON_THE_SYNCED_COPY = pytest.mark.slow(
+    reason="the behaviour and local-changes tests again, on the synced copy (~30 s of CPU); "
+    "the fast selection runs them on the hand-written function and the synced copy's own "
+    "bit-exactness and kept-local-changes tests here"
+)
+
+
+def _slow_copy(test: Any) -> Any:
+    """The test function under its own name here, marked slow: a copy, so the marks of the
+    module it comes from stay as they are."""
+    copy = types.FunctionType(
+        test.__code__, test.__globals__, test.__name__, test.__defaults__, test.__closure__
+    )
+    copy.__dict__.update(test.__dict__)
+    copy.pytestmark = [*getattr(test, "pytestmark", []), _THE_SAME_TESTS_ON_THE_SYNCED_COPY]
+    return copy
+
+
 for _module in (behaviour, properties, local_changes):
     for _name in [n for n in vars(_module) if n.startswith("test_")]:
         assert _name not in globals(), _name
-        globals()[_name] = getattr(_module, _name)
+        globals()[_name] = _slow_copy(getattr(_module, _name))
 
 
 def test_the_synced_text_is_upstreams_without_index_hygiene(synced_vendor: Path) -> None:
