@@ -24,6 +24,7 @@ from .job import deferred
 from .job.announce import announce, forget
 from .job.settling import UPSTREAM_ONLY_NOTE, mode_evidence, settle
 from .kinds import kind_of
+from .kinds.constructor import census
 from .kinds.install import by_kind, installed, uninstall, uninstalling
 from .model import UPSTREAM_ONLY, WITH_LOCAL_CHANGES, BackportSpec, mode_name
 from .report import Action, Report, Verdict
@@ -133,13 +134,15 @@ def _deferred_report(spec: BackportSpec, decision: Decision) -> Report:
     return Report(spec.id, Verdict.NEEDED, Action.DEFERRED, decision.reason, evidence)
 
 
-def _apply_all(
-    specs: list[BackportSpec], strict: bool, mode: str, child_sniffs: bool, on_demand: bool
-) -> list[Report]:
-    """Decide each backport (one decision each), install the needed ones together, watch
-    the installed and the deferred ones for their targets' import."""
-    early = [_already(spec, mode) for spec in specs]
-    decisions = {
+def _decide_each(
+    specs: list[BackportSpec],
+    early: list[Report | None],
+    mode: str,
+    child_sniffs: bool,
+    on_demand: bool,
+) -> dict[str, Decision]:
+    """One decision per backport not already settled (``early``)."""
+    return {
         spec.id: decide(
             spec,
             mode,
@@ -151,6 +154,16 @@ def _apply_all(
         for spec, report in zip(specs, early, strict=True)
         if report is None
     }
+
+
+def _apply_all(
+    specs: list[BackportSpec], strict: bool, mode: str, child_sniffs: bool, on_demand: bool
+) -> list[Report]:
+    """Decide each backport (one decision each), install the needed ones together, watch
+    the installed and the deferred ones for their targets' import."""
+    early = [_already(spec, mode) for spec in specs]
+    with census(target for spec in specs for target in spec.targets):
+        decisions = _decide_each(specs, early, mode, child_sniffs, on_demand)
     settled = iter(settle([d for d in decisions.values() if d.verdict is not None]))
     reports: list[Report] = []
     for spec, report in zip(specs, early, strict=True):
@@ -282,7 +295,8 @@ def _status(only: str | Iterable[str] | None, on_demand: bool) -> list[Report]:
         judged = _with_rivals(chosen)
         enabled = [spec for spec in judged if disabled_reason(spec) is None]
         start_children_early(enabled, on_demand=on_demand)
-        reports = _shadowed([_status_one(spec, on_demand=on_demand) for spec in judged])
+        with census(target for spec in judged for target in spec.targets):
+            reports = _shadowed([_status_one(spec, on_demand=on_demand) for spec in judged])
     # ``--only``: the rivals were probed for what a job does with the chosen, not shown.
     by_id = {report.id: report for report in reports}
     return _sourced([by_id[spec.id] for spec in chosen]) + _withheld(ids, Action.WOULD_SKIP)

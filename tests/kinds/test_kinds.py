@@ -153,6 +153,33 @@ def test_a_constructor_counts_objects_of_subclasses_too(tilelang_dsa):
     del built, holder
 
 
+def test_a_census_counts_each_class_from_one_pass(tilelang_dsa, monkeypatch):
+    """Inside ``census``'s block the objects of every construction-time class are counted
+    from the one pass made at its start, and the counts are the per-class pass's."""
+    import gc
+    import types as _types
+
+    from backports.megatron.kinds import constructor
+
+    kind = kind_of(POST_INIT)
+    resolved = kind.resolve(POST_INIT, ID)
+    built = [_config(), _config()]
+    alone = kind.existing(resolved)
+    passes = []
+    counting = _types.SimpleNamespace(
+        get_referrers=lambda *c: passes.append(c) or gc.get_referrers(*c),
+        get_objects=gc.get_objects,
+    )
+    monkeypatch.setattr(constructor, "gc", counting)
+    with constructor.census([POST_INIT, POST_INIT]):
+        assert len(passes) == 1
+        assert kind.existing(resolved) == alone
+        assert kind.existing(resolved) == alone
+    assert len(passes) == 1
+    assert kind.existing(resolved) == alone and len(passes) == 2  # outside: its own pass
+    del built
+
+
 def test_a_constructor_target_is_an_init_or_a_post_init():
     from packaging.version import Version
 

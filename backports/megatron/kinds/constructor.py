@@ -16,7 +16,10 @@ not recorded, so the entry's other methods of that class still reach them (#6357
 """
 
 import gc
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from ..model import ResolvedTarget, Target
@@ -93,7 +96,60 @@ def _with_subclasses(cls: type) -> list[type]:
     return list(found.values())
 
 
+# Inside ``census``'s block: id(class) -> the number of its objects (subclasses' included),
+# from the one pass made at its start.
+_CENSUS: ContextVar[dict[int, int] | None] = ContextVar("megatron_backports_census", default=None)
+
+
+def _owners_loaded(targets: Iterable[Target]) -> list[type]:
+    """The classes of the construction-time targets whose modules are imported already (no
+    import here: a class not found is counted by its own pass when it is judged)."""
+    owners: dict[int, type] = {}
+    for target in targets:
+        if not isinstance(target, Constructor) or target.owner_name is None:
+            continue
+        for module_name in target.modules:
+            namespace = getattr(sys.modules.get(module_name), "__dict__", {})
+            for name in (target.owner_name, *target.owner_renamed):
+                found = namespace.get(name)
+                if isinstance(found, type):
+                    owners[id(found)] = found
+    return list(owners.values())
+
+
+@contextmanager
+def census(targets: Iterable[Target]) -> Iterator[None]:
+    """Within the block, the objects of every construction-time target's class are counted
+    from one pass over the collector's objects made at its start (apply and status judge
+    four such classes: one pass instead of four, ~70 ms each with megatron loaded). The
+    counts are for the reports; an install records the objects afresh."""
+    owners = _owners_loaded(targets)
+    families = {id(owner): _with_subclasses(owner) for owner in owners}
+    every = {id(c): c for family in families.values() for c in family}
+    counts: dict[int, int] | None = None
+    if (
+        owners
+        and len(every) <= _FEW_CLASSES
+        and all(c.__flags__ & _HEAP_TYPE for c in every.values())
+    ):
+        found = [
+            id(type(obj)) for obj in gc.get_referrers(*every.values()) if id(type(obj)) in every
+        ]
+        counts = {}
+        for owner_id, family in families.items():
+            members = {id(c) for c in family}
+            counts[owner_id] = sum(1 for kind in found if kind in members)
+    token = _CENSUS.set(counts)
+    try:
+        yield
+    finally:
+        _CENSUS.reset(token)
+
+
 def _instances(cls: type) -> int:
+    counted = _CENSUS.get()
+    if counted is not None and id(cls) in counted:
+        return counted[id(cls)]
     return len(_alive(cls))
 
 
