@@ -41,6 +41,7 @@ work tree (editable install).
 
 import argparse
 import ast
+import contextlib
 import hashlib
 import json
 import os
@@ -421,7 +422,14 @@ def systematic_mutants(
                     _text=text,
                 )
             )
-    return mutants
+    # Round robin over the modules (each module's first mutant, then each one's second, ...):
+    # a run stopped by --budget-s has still spread its mutants over every module.
+    rank: dict[str, int] = {}
+    order: list[tuple[int, int, Mutant]] = []
+    for index, mutant in enumerate(mutants):
+        rank[mutant.file] = rank.get(mutant.file, -1) + 1
+        order.append((rank[mutant.file], index, mutant))
+    return [mutant for _, _, mutant in sorted(order, key=lambda o: (o[0], o[1]))]
 
 
 def targeted_mutants(tests_map: dict[str, list[str]]) -> list[Mutant]:
@@ -477,17 +485,36 @@ def _pytest(tests: list[str], timeout: float) -> tuple[str, str | None, float]:
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     command = [sys.executable, "-m", "pytest", *PYTEST_ARGS, *tests]
     start = time.perf_counter()
-    try:
-        done = subprocess.run(
-            command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired:
-        return "timeout", None, time.perf_counter() - start
+    # A session of its own: on a timeout or Ctrl-C the interpreters the tests started go
+    # too (killing pytest alone leaves them running, orphaned).
+    with subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    ) as process:
+        try:
+            stdout, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(process)
+            return "timeout", None, time.perf_counter() - start
+        except BaseException:
+            _kill_group(process)
+            raise
     seconds = time.perf_counter() - start
-    if done.returncode == 0:
+    if process.returncode == 0:
         return "survived", None, seconds
-    failed = re.search(r"^(?:FAILED|ERROR) (\S+)", done.stdout, re.MULTILINE)
-    return "killed", failed.group(1) if failed else f"pytest exit {done.returncode}", seconds
+    failed = re.search(r"^(?:FAILED|ERROR) (\S+)", stdout, re.MULTILINE)
+    return "killed", failed.group(1) if failed else f"pytest exit {process.returncode}", seconds
+
+
+def _kill_group(process: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.communicate()
 
 
 def run_mutant(mutant: Mutant, timeout: float) -> None:
@@ -532,6 +559,7 @@ def _baseline(mutants: list[Mutant], timeout: float) -> None:
 
 
 def _counts(mutants: list[Mutant]) -> dict[str, Any]:
+    mutants = [m for m in mutants if m.status != "not run"]
     killed = sum(m.status in ("killed", "timeout") for m in mutants)
     return {
         "mutants": len(mutants),
@@ -659,6 +687,51 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _same_as(mutants: list[Mutant], other_path: Path) -> list[Mutant]:
+    """The mutants (by key) that the run written to ``other_path`` ran, in its order."""
+    other = json.loads(other_path.read_text(encoding="utf-8"))
+    ran = [m["key"] for m in other["mutants"] if m["status"] != "not run"]
+    by_key = {m.key: m for m in mutants}
+    missing = [key for key in ran if key not in by_key]
+    if missing:
+        print(f"--same-as: {len(missing)} of its mutants are not candidates here", flush=True)
+    return [by_key[key] for key in ran if key in by_key]
+
+
+def _write(
+    args: argparse.Namespace,
+    tests_map: dict[str, list[str]],
+    mutants: list[Mutant],
+    wall: float,
+    cpu: float,
+    complete: bool,
+) -> dict[str, Any]:
+    head = subprocess.run(
+        ["git", "log", "-1", "--format=%h %s"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    result: dict[str, Any] = {
+        "command": "python benchmarks/mutation.py " + " ".join(sys.argv[1:]),
+        "pytest_args": PYTEST_ARGS,
+        "module_tests": tests_map,
+        "git_head": head,
+        "python": platform.python_version(),
+        "complete": complete,
+        "seconds": round(wall, 1),
+        "cpu_seconds": round(cpu, 1),
+        "summary": _summary(mutants),
+        "per_module": _per_module(mutants),
+    }
+    if args.compare is not None:
+        result["compared"] = _comparison(mutants, args.compare)
+    result["mutants"] = [
+        {k: v for k, v in asdict(m).items() if not k.startswith("_")} for m in mutants
+    ]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    _write_markdown(args.out.with_suffix(".md"), result)
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/mutation.json")
@@ -668,7 +741,11 @@ def main() -> None:
     parser.add_argument("--tests-map", type=Path, help="JSON: module -> its test files")
     parser.add_argument("--common-with", type=Path, help="another work tree: shared code first")
     parser.add_argument("--compare", type=Path, help="another run's JSON: kill rates over both")
+    parser.add_argument("--same-as", type=Path, help="another run's JSON: run only its mutants")
     parser.add_argument("--ids", help="comma-separated mutant ids: run only these")
+    parser.add_argument(
+        "--budget-s", type=float, help="start no mutant after this many seconds (rest: not run)"
+    )
     args = parser.parse_args()
     tests_map = _tests_map(args.tests_map)
 
@@ -682,6 +759,8 @@ def main() -> None:
         mutants += targeted_mutants(tests_map)
     if args.only in ("systematic", "all"):
         mutants += systematic_mutants(tests_map, args.max_per_module, args.common_with)
+    if args.same_as is not None:
+        mutants = _same_as(mutants, args.same_as)
     if args.ids:
         wanted = set(args.ids.split(","))
         mutants = [m for m in mutants if m.id in wanted]
@@ -689,37 +768,28 @@ def main() -> None:
             raise SystemExit(f"--ids: no such mutants: {sorted(wanted - {m.id for m in mutants})}")
     start = time.perf_counter()
     _baseline(mutants, args.timeout)
-    for number, mutant in enumerate(mutants, 1):
-        run_mutant(mutant, args.timeout)
-        print(
-            f"[{number}/{len(mutants)}] {mutant.status:8} {mutant.id} "
-            f"({mutant.seconds:.1f}s){' by ' + mutant.killed_by if mutant.killed_by else ''}",
-            flush=True,
-        )
+    complete = False
+    try:
+        for number, mutant in enumerate(mutants, 1):
+            if args.budget_s is not None and time.perf_counter() - start > args.budget_s:
+                print(f"--budget-s {args.budget_s:g} spent: {len(mutants) - number + 1} not run")
+                break
+            run_mutant(mutant, args.timeout)
+            print(
+                f"[{number}/{len(mutants)}] {mutant.status:8} {mutant.id} ({mutant.seconds:.1f}s)"
+                f"{' by ' + mutant.killed_by if mutant.killed_by else ''}",
+                flush=True,
+            )
+            # Written after each mutant: a run stopped early keeps what it measured.
+            _write(args, tests_map, mutants, time.perf_counter() - start, _children_cpu(), False)
+        else:
+            complete = True
+    except KeyboardInterrupt:
+        print("interrupted: the results so far are written", flush=True)
     _clean_tree()
-
-    head = subprocess.run(
-        ["git", "log", "-1", "--format=%h %s"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    result: dict[str, Any] = {
-        "command": "python benchmarks/mutation.py " + " ".join(sys.argv[1:]),
-        "pytest_args": PYTEST_ARGS,
-        "module_tests": tests_map,
-        "git_head": head,
-        "python": platform.python_version(),
-        "seconds": round(time.perf_counter() - start, 1),
-        "cpu_seconds": round(_children_cpu(), 1),
-        "summary": _summary(mutants),
-        "per_module": _per_module(mutants),
-    }
-    if args.compare is not None:
-        result["compared"] = _comparison(mutants, args.compare)
-    result["mutants"] = [
-        {k: v for k, v in asdict(m).items() if not k.startswith("_")} for m in mutants
-    ]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    _write_markdown(args.out.with_suffix(".md"), result)
+    result = _write(
+        args, tests_map, mutants, time.perf_counter() - start, _children_cpu(), complete
+    )
     print(json.dumps(result["summary"]))
     if "compared" in result:
         print(json.dumps({k: v for k, v in result["compared"].items() if k != "outcome_differs"}))
