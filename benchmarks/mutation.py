@@ -53,7 +53,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +95,8 @@ MODULE_TESTS: dict[str, list[str]] = {
     "job/deferred.py": ["tests/decision/test_sniff_inside_import.py", "tests/api/test_api.py"],
     "job/hook_file.py": ["tests/job/test_startup_hook.py", "tests/job/test_hook_uninstall.py"],
     "job/ranks.py": ["tests/job/test_ranks.py"],
-    "job/start_up.py": ["tests/job/test_start_up.py"],
+    # test_start_up.py is all slow: the fast tests that reach the start-up path are the switches'.
+    "job/start_up.py": ["tests/job/test_start_up.py", "tests/api/test_switches.py"],
     "job/startup_hook.py": ["tests/job/test_startup_hook.py"],
     "kinds/_bindings.py": ["tests/kinds/test_install.py"],
     "kinds/function.py": ["tests/kinds/test_function_forwarder.py", "tests/kinds/test_kinds.py"],
@@ -349,7 +350,7 @@ class Mutant:
     tests: list[str]
     key: str = ""  # the same edit of the same code has the same key at another commit
     what: str = ""
-    status: str = "not run"  # killed, survived, timeout, invalid
+    status: str = "not run"  # killed, survived, timeout, no tests
     killed_by: str | None = None
     seconds: float = 0.0
     # Private: the whole mutated file text and whether UPSTREAM.toml is rehashed.
@@ -507,6 +508,8 @@ def _pytest(tests: list[str], timeout: float) -> tuple[str, str | None, float]:
     seconds = time.perf_counter() - start
     if process.returncode == 0:
         return "survived", None, seconds
+    if process.returncode == 5:  # no test selected (all slow): nothing guards the module
+        return "no tests", None, seconds
     failed = re.search(r"^(?:FAILED|ERROR) (\S+)", stdout, re.MULTILINE)
     return "killed", failed.group(1) if failed else f"pytest exit {process.returncode}", seconds
 
@@ -564,7 +567,7 @@ def _counts(mutants: list[Mutant]) -> dict[str, Any]:
     return {
         "mutants": len(mutants),
         "killed": killed,
-        "survived": sum(m.status == "survived" for m in mutants),
+        "survived": sum(m.status in ("survived", "no tests") for m in mutants),
         "kill_rate": round(killed / len(mutants), 3) if mutants else None,
     }
 
@@ -620,8 +623,17 @@ def _write_markdown(path: Path, result: dict[str, Any]) -> None:
         f"Pytest per mutant: `pytest {' '.join(PYTEST_ARGS)} <test files>`  ",
         f"Git: `{result['git_head']}`  ",
         f"Mutants run in {result['seconds']} s wall, {result['cpu_seconds']} s CPU "
-        "(user+sys of the pytest children, the baseline run included)",
+        "(user+sys of the pytest children, the baseline run included)"
+        + ("" if result["complete"] else "; stopped early (--budget-s): the rest not run"),
         "",
+    ]
+    for update in result.get("updates", []):
+        lines.insert(
+            -1,
+            f"Re-run: `{update['command']}` at `{update['git_head']}` "
+            f"({update['seconds']} s wall, {update['cpu_seconds']} s CPU)  ",
+        )
+    lines += [
         "| set | mutants | killed | survived | kill rate |",
         "| --- | --- | --- | --- | --- |",
     ]
@@ -657,7 +669,7 @@ def _write_markdown(path: Path, result: dict[str, Any]) -> None:
     lines += ["", "## Systematic survivors", "", "| mutant | key | original | mutated |"]
     lines.append("| --- | --- | --- | --- |")
     for m in result["mutants"]:
-        if m["kind"] == "systematic" and m["status"] == "survived":
+        if m["kind"] == "systematic" and m["status"] in ("survived", "no tests"):
             original = m["original"].replace("|", "\\|")
             mutated = m["mutated"].replace("|", "\\|")
             lines.append(f"| `{m['id']}` | `{m['key']}` | `{original}` | `{mutated}` |")
@@ -698,6 +710,15 @@ def _same_as(mutants: list[Mutant], other_path: Path) -> list[Mutant]:
     return [by_key[key] for key in ran if key in by_key]
 
 
+def _merged(earlier: list[dict[str, Any]], mutants: list[Mutant]) -> list[Mutant]:
+    """The earlier run's mutants, those run now replaced (by key): a re-run of a few."""
+    names = {f.name for f in fields(Mutant) if not f.name.startswith("_")}
+    now = {m.key: m for m in mutants if m.status != "not run"}
+    kept = [Mutant(**{k: v for k, v in m.items() if k in names}) for m in earlier]
+    merged = [now.pop(m.key, m) for m in kept]
+    return merged + list(now.values())
+
+
 def _write(
     args: argparse.Namespace,
     tests_map: dict[str, list[str]],
@@ -705,12 +726,20 @@ def _write(
     wall: float,
     cpu: float,
     complete: bool,
+    earlier: dict[str, Any] | None,
 ) -> dict[str, Any]:
     head = subprocess.run(
         ["git", "log", "-1", "--format=%h %s"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
+    command = "python benchmarks/mutation.py " + " ".join(sys.argv[1:])
+    run = {"command": command, "git_head": head, "seconds": round(wall, 1)}
+    if earlier is not None:  # --update: the first run's figures stay, this one is added
+        mutants = _merged(earlier["mutants"], mutants)
+        updates = [*earlier.get("updates", []), {**run, "cpu_seconds": round(cpu, 1)}]
+        command, wall, cpu = earlier["command"], earlier["seconds"], earlier["cpu_seconds"]
+        complete = earlier["complete"]
     result: dict[str, Any] = {
-        "command": "python benchmarks/mutation.py " + " ".join(sys.argv[1:]),
+        "command": command,
         "pytest_args": PYTEST_ARGS,
         "module_tests": tests_map,
         "git_head": head,
@@ -721,6 +750,8 @@ def _write(
         "summary": _summary(mutants),
         "per_module": _per_module(mutants),
     }
+    if earlier is not None:
+        result["updates"] = updates
     if args.compare is not None:
         result["compared"] = _comparison(mutants, args.compare)
     result["mutants"] = [
@@ -744,10 +775,16 @@ def main() -> None:
     parser.add_argument("--same-as", type=Path, help="another run's JSON: run only its mutants")
     parser.add_argument("--ids", help="comma-separated mutant ids: run only these")
     parser.add_argument(
+        "--update",
+        action="store_true",
+        help="keep --out's results for the mutants not run this time (a re-run of a few)",
+    )
+    parser.add_argument(
         "--budget-s", type=float, help="start no mutant after this many seconds (rest: not run)"
     )
     args = parser.parse_args()
     tests_map = _tests_map(args.tests_map)
+    earlier = json.loads(args.out.read_text(encoding="utf-8")) if args.update else None
 
     _clean_tree()
     # SIGTERM and SIGINT (ignored by a shell's background job) behave as Ctrl-C: the
@@ -781,15 +818,22 @@ def main() -> None:
                 flush=True,
             )
             # Written after each mutant: a run stopped early keeps what it measured.
-            _write(args, tests_map, mutants, time.perf_counter() - start, _children_cpu(), False)
+            _write(
+                args,
+                tests_map,
+                mutants,
+                time.perf_counter() - start,
+                _children_cpu(),
+                False,
+                earlier,
+            )
         else:
             complete = True
     except KeyboardInterrupt:
         print("interrupted: the results so far are written", flush=True)
     _clean_tree()
-    result = _write(
-        args, tests_map, mutants, time.perf_counter() - start, _children_cpu(), complete
-    )
+    wall = time.perf_counter() - start
+    result = _write(args, tests_map, mutants, wall, _children_cpu(), complete, earlier)
     print(json.dumps(result["summary"]))
     if "compared" in result:
         print(json.dumps({k: v for k, v in result["compared"].items() if k != "outcome_differs"}))
