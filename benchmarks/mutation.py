@@ -737,6 +737,7 @@ def _write(
         mutants = _merged(earlier["mutants"], mutants)
         updates = [*earlier.get("updates", []), {**run, "cpu_seconds": round(cpu, 1)}]
         command, wall, cpu = earlier["command"], earlier["seconds"], earlier["cpu_seconds"]
+        head = earlier["git_head"]
         complete = all(m.status != "not run" for m in mutants)
     result: dict[str, Any] = {
         "command": command,
