@@ -105,3 +105,18 @@ def test_without_the_cache_each_step_still_runs_once(spy):
     apply(IDS)
     for backport_id in IDS:
         assert spy.of(backport_id) == {"early": 1, "hash": 1, "locate": 1, "sniff": 1, "build": 1}
+
+
+def test_the_folder_digest_changes_with_any_file_of_the_folder() -> None:
+    """The verdict cache's key over a vendored folder: a file edited, added or renamed gives
+    another key (a stale proof would judge code that is no longer there); the same files
+    give the same key."""
+    files = {"attention.py": "1" * 64, "UPSTREAM.toml": "2" * 64}
+    keys = {
+        early.FolderHashes("f", files).every_file(),
+        early.FolderHashes("f", {**files, "attention.py": "3" * 64}).every_file(),
+        early.FolderHashes("f", {**files, "extra.py": "1" * 64}).every_file(),
+        early.FolderHashes("f", {"other.py": "1" * 64, "UPSTREAM.toml": "2" * 64}).every_file(),
+    }
+    assert len(keys) == 4
+    assert early.FolderHashes("g", dict(files)).every_file() in keys

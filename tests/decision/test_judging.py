@@ -13,6 +13,7 @@ from packaging.version import Version
 from backports.megatron import Action, Verdict, status
 from backports.megatron.catalog import MEGATRON_LM_7617
 from backports.megatron.decision import early as probe_module
+from backports.megatron.decision import judging
 from backports.megatron.evidence import versions as versions_module
 from backports.megatron.kinds import function as targets_module
 from tests import standins
@@ -117,6 +118,24 @@ def test_a_pre_release_of_the_first_release_with_the_target_is_probed(
     report = _status()
     assert report.verdict is Verdict.NEEDED, report.reason
     assert "behaviour" in report.evidence
+
+
+@pytest.mark.parametrize(
+    ("installed", "claim"),
+    [
+        ("0.20.0", True),
+        ("0.20.1rc1", True),  # a pre-release of a later release: after the fix by number
+        ("0.19.2", False),
+        ("0.19.1rc1", False),  # a pre-release of an earlier release: before it
+        ("0.20.0rc1", None),  # a pre-release of the fixing release may or may not carry it
+        ("0.20.0.dev2", None),
+    ],
+)
+def test_the_version_claims_the_fix_by_number_but_not_for_the_fixing_releases_pre_releases(
+    installed, claim
+):
+    spec = dataclasses.replace(MEGATRON_LM_7617, fixed_in=Version("0.20.0"))
+    assert judging._version_claim(spec, {"distribution": {"version": installed}}) is claim
 
 
 def test_uninstalled_megatron_core_is_absent(monkeypatch):
