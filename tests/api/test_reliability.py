@@ -105,7 +105,7 @@ _RELOAD_SCRIPT = textwrap.dedent(
     NAME = sys.argv[1]
     module = importlib.import_module(NAME)
     module.SparseMLA = FakeSparseMLA()
-    first = report_for(apply(), BACKPORT_ID)
+    first = report_for(apply(BACKPORT_ID), BACKPORT_ID)  # alone: the others are not this test's
     importlib.reload(module)  # runs the module again: the original is bound once more
     bound = getattr(module.fused_sparse_mla_absorbed, "__backport__", None)
     after = report_for(status(BACKPORT_ID), BACKPORT_ID)  # alone: #6964's sniff starts two children

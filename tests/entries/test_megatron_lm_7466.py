@@ -418,6 +418,14 @@ def stand_in(monkeypatch, tmp_path):
     return child
 
 
+# The tests that start the sniff zygote (a child importing torch: ~15 s of CPU) run in the
+# slow selection; the fast one keeps the fresh-interpreter ranks and their group kill.
+_STARTS_THE_ZYGOTE = pytest.mark.slow(
+    reason="starts the sniff zygote (a child that imports torch: ~15 s of CPU); the fast "
+    "selection keeps the fresh-interpreter ranks and their group kill"
+)
+
+
 @pytest.fixture
 def running_zygote(monkeypatch):
     """The zygote, started as ``backports check`` starts it (torch imported once there)."""
@@ -439,6 +447,7 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+@_STARTS_THE_ZYGOTE
 def test_the_ranks_are_forked_from_the_running_zygote(stand_in, running_zygote):
     """Torch already imported as each rank starts (megatron not), both children of the
     zygote, each leading a process group of its own, in a private folder, on this
@@ -465,7 +474,9 @@ def test_without_a_zygote_the_ranks_are_fresh_interpreters(stand_in, monkeypatch
     assert all(rank["pgid"] == rank["pid"] for rank in ranks)
 
 
-@pytest.mark.parametrize("forked", [True, False], ids=["zygote", "fresh"])
+@pytest.mark.parametrize(
+    "forked", [pytest.param(True, marks=_STARTS_THE_ZYGOTE), False], ids=["zygote", "fresh"]
+)
 def test_a_failed_rank_ends_its_peers_whole_process_group(
     stand_in, monkeypatch, tmp_path, request, forked
 ):
