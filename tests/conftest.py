@@ -351,14 +351,17 @@ def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untype
     is said, not hidden in a count."""
     if not _DESELECTED_SLOW:
         return
-    by_file: dict[str, list[str]] = {}
+    by_file: dict[str, dict[str, int]] = {}
     for item in _DESELECTED_SLOW:
         path, _, name = item.nodeid.partition("::")
-        by_file.setdefault(path, []).append(name)
+        function = name.partition("[")[0]  # a parametrized test's cases under its name
+        cases = by_file.setdefault(path, {})
+        cases[function] = cases.get(function, 0) + 1
     write = terminalreporter.write_line
     write(f"not run: {len(_DESELECTED_SLOW)} slow tests (tools/run-tests --all runs them):")
-    for path, names in by_file.items():
-        write(f"  {path} ({len(names)}): {', '.join(names)}")
+    for path, cases in by_file.items():
+        named = [f"{f} ({n} cases)" if n > 1 else f for f, n in cases.items()]
+        write(f"  {path} ({sum(cases.values())}): {', '.join(named)}")
 
 
 # ---- the user's real cache is never written (issue 36, item 2) ------------------------------
