@@ -47,8 +47,9 @@ def _matches(
     (``ids``: their ids, their own while the caller holds them). By identity only: no
     value's ``__eq__`` or ``__hash__`` runs, not even its type is looked at. Up to four
     objects, a pointer comparison per value and object (a scan of ~128,000 globals: ~5 ms;
-    spelled out per count, as each ``is`` more costs ~0.6 ms); more, each value's ``id``
-    looked up in a set (~3 times one ``is``, but one pass instead of one per four)."""
+    spelled out per count, as each ``is`` more costs ~0.6 ms), in passes of four up to
+    ``_FEW``; more, each value's ``id`` looked up in a set (~3 times one ``is``, but one
+    pass instead of one per four)."""
     items = namespace.items()
     if len(wanted) == 1:
         (a,) = wanted
@@ -63,9 +64,20 @@ def _matches(
             for name, value in items
             if value is a or value is b or value is c or value is d
         ]
+    if len(wanted) <= _FEW:  # measured: up to 12, passes of four beat the set
+        return [
+            pair
+            for at in range(0, len(wanted), 4)
+            for pair in _matches(namespace, wanted[at : at + 4], ids)
+        ]
     if ids.isdisjoint(map(id, namespace.values())):  # in C: most modules hold none
         return []
     return [(name, value) for name, value in items if id(value) in ids]
+
+
+# With megatron loaded (3,600 modules): 8 objects, two passes of four 54 ms, the set 100 ms;
+# 45 objects, twelve passes 326 ms, the set 90 ms.
+_FEW = 12
 
 
 @contextmanager
