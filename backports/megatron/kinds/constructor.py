@@ -71,17 +71,25 @@ _HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement or
 _FEW_CLASSES = 16  # past this, get_referrers' per-object test costs more than a Python pass
 
 
+def _in_one_pass(classes: Sequence[type]) -> list[object] | None:
+    """The objects whose type is one of ``classes``, in one pass in C, where that is the
+    faster way: a few classes, each made in Python (an object of such a class refers to it,
+    and CPython's traversal visits that reference); None otherwise."""
+    if len(classes) > _FEW_CLASSES or not all(c.__flags__ & _HEAP_TYPE for c in classes):
+        return None
+    wanted = {id(c) for c in classes}
+    return [obj for obj in gc.get_referrers(*classes) if id(type(obj)) in wanted]
+
+
 def _alive(cls: type) -> list[object]:
     """Objects of ``cls`` (or a subclass) the garbage collector tracks now. By their type
     alone: ``isinstance`` would also ask each object's ``__class__``, which some answer
-    with a warning (torch's deprecated ``reduce_op``) or worse. An object of a class made
-    in Python refers to its class (CPython's traversal visits it), so for a few such classes
-    one pass in C finds them (a few times faster than a Python loop over every object: status
+    with a warning (torch's deprecated ``reduce_op``) or worse. For a few classes made in
+    Python, one pass in C (a few times faster than a Python loop over every object: status
     counts several classes)."""
-    classes = _with_subclasses(cls)
-    if len(classes) <= _FEW_CLASSES and all(c.__flags__ & _HEAP_TYPE for c in classes):
-        wanted = {id(c) for c in classes}
-        return [obj for obj in gc.get_referrers(*classes) if id(type(obj)) in wanted]
+    found = _in_one_pass(_with_subclasses(cls))
+    if found is not None:
+        return found
     return [obj for obj in gc.get_objects() if issubclass(type(obj), cls)]
 
 
@@ -127,14 +135,9 @@ def census(targets: Iterable[Target]) -> Iterator[None]:
     families = {id(owner): _with_subclasses(owner) for owner in owners}
     every = {id(c): c for family in families.values() for c in family}
     counts: dict[int, int] | None = None
-    if (
-        owners
-        and len(every) <= _FEW_CLASSES
-        and all(c.__flags__ & _HEAP_TYPE for c in every.values())
-    ):
-        found = [
-            id(type(obj)) for obj in gc.get_referrers(*every.values()) if id(type(obj)) in every
-        ]
+    objects = _in_one_pass(list(every.values())) if owners else None
+    if objects is not None:
+        found = [id(type(obj)) for obj in objects]
         counts = {}
         for owner_id, family in families.items():
             members = {id(c) for c in family}

@@ -164,9 +164,7 @@ def with_module_imports(text: str, imports: str) -> str:
     the class body."""
     if not imports:
         return text
-    with warnings.catch_warnings():  # upstream's invalid escapes are not ours to warn of
-        warnings.simplefilter("ignore", SyntaxWarning)
-        body = ast.parse(text).body
+    body = _module_body(text)
     found: list[ast.stmt] = [s for s in body if isinstance(s, ast.Import | ast.ImportFrom)]
     if not found and body and isinstance(body[0], ast.Expr):  # the module's docstring
         found = [body[0]]
@@ -177,11 +175,14 @@ def with_module_imports(text: str, imports: str) -> str:
     return "".join(lines[:after]) + imports + "".join(lines[after:])
 
 
-def _import_texts(text: str) -> list[str]:
+def _module_body(text: str) -> list[ast.stmt]:
     with warnings.catch_warnings():  # upstream's invalid escapes are not ours to warn of
         warnings.simplefilter("ignore", SyntaxWarning)
-        tree = ast.parse(text)
-    found = [s for s in tree.body if isinstance(s, ast.Import | ast.ImportFrom)]
+        return ast.parse(text).body
+
+
+def _import_texts(text: str) -> list[str]:
+    found = [s for s in _module_body(text) if isinstance(s, ast.Import | ast.ImportFrom)]
     return [ast.get_source_segment(text, s) or ast.unparse(s) for s in found]
 
 
