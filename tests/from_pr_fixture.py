@@ -53,6 +53,9 @@ upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has
   rewords the function that reads it;
 - #128 (merged): ``_reduce`` (tensor parallel) all-reduces a float32 copy and casts it back:
   seen only in what it hands ``torch.distributed.all_reduce`` and what it returns.
+- #129 (merged): ``VocabUtility.vocab_range_from_per_partition_vocab_size`` refuses a rank
+  outside the world; its test is a parametrized method of a plain test class that reaches
+  the static method through a module alias and a module-level helper.
 """
 
 from __future__ import annotations
@@ -74,8 +77,10 @@ TEST_UTILS = "tests/unit_tests/test_utils.py"
 TEST_GELU = "tests/unit_tests/fusions/test_fused_bias_gelu.py"
 TASD = "megatron/core/dist_checkpointing/tensor_aware_state_dict.py"
 MAPPINGS = "megatron/core/tensor_parallel/mappings.py"
-NEWEST = 128
+NEWEST = 129
 LIMITS = "megatron/core/limits.json"
+TP_UTILS = "megatron/core/tensor_parallel/utils.py"
+TEST_VOCAB = "tests/unit_tests/tensor_parallel/test_vocab_range.py"
 
 DIVIDE = '''\
 def divide(numerator, denominator):
@@ -216,6 +221,7 @@ def _initial() -> dict[str, str]:
         LAYERWISE: installed_text(LAYERWISE),
         TASD: installed_text(TASD),
         MAPPINGS: installed_text(MAPPINGS),
+        TP_UTILS: installed_text(TP_UTILS),
         POST_TRAINING: POST_TRAINING_TEXT,
         TEST_UTILS: TEST_UTILS_TEXT,
         TEST_GELU: TEST_GELU_TEXT,
@@ -597,7 +603,41 @@ def _shapes(b: _Builder, c: dict[str, str], main: str) -> str:
     )
     c["head128"] = _pull(b, 128, main, "fp32 reduce", {MAPPINGS: m})
     c["merge128"] = main = _merge(b, main, 128, "All-reduce in float32", c["head128"])
+
+    vocab = edit(
+        b.files[main][TP_UTILS],
+        "        index_f = rank * per_partition_vocab_size\n",
+        "        if not 0 <= rank < world_size:\n"
+        '            raise ValueError(f"rank {rank} is outside a world of {world_size}")\n'
+        "        index_f = rank * per_partition_vocab_size\n",
+    )
+    files = {TP_UTILS: vocab, TEST_VOCAB: TEST_VOCAB_TEXT}
+    c["head129"] = _pull(b, 129, main, "rank range", files)
+    c["merge129"] = main = _merge(b, main, 129, "Refuse a rank outside the world", c["head129"])
     return main
+
+
+# #129's test: a method of a plain class, parametrized, reaching the target only through a
+# module alias inside a module-level helper (no name of the test is the target's).
+TEST_VOCAB_TEXT = """\
+import pytest
+
+import megatron.core.tensor_parallel.utils as tp_utils
+
+
+def _vocab_range(rank, world_size):
+    return tp_utils.VocabUtility.vocab_range_from_per_partition_vocab_size(8, rank, world_size)
+
+
+class TestVocabRange:
+    def test_a_rank_in_the_world_gets_its_slice(self):
+        assert tuple(_vocab_range(1, 2)) == (8, 16)
+
+    @pytest.mark.parametrize("rank", [2, -1])
+    def test_a_rank_outside_the_world_is_refused(self, rank):
+        with pytest.raises(ValueError):
+            _vocab_range(rank, 2)
+"""
 
 
 _BUILT: dict[str, Upstream] = {}

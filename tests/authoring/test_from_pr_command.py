@@ -307,6 +307,27 @@ def test_a_fix_seen_only_in_what_it_hands_a_process_group_is_route_c_with_callee
 
 
 @pytest.mark.slow
+def test_a_parametrized_test_of_a_plain_class_through_a_helper_is_route_a(
+    upstream, tmp_path, capsys
+) -> None:
+    """#129's test is a parametrized method of a plain test class; it reaches the static
+    method only through a module alias inside a module-level helper. Route a runs it with
+    its helper, once per case, the target bound where the helper reads it; the plugin
+    carries that runner and replays it at every probe."""
+    dest = tmp_path / "plugin"
+    assert _new(upstream, 129, dest) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    shown = "  VocabUtility.vocab_range_from_per_partition_vocab_size: route a, the pull"
+    assert shown in out, out
+    package = dest / "mlm_pr_129_backport"
+    assert "ROUTE = 'a'" in (package / "entry.py").read_text()
+    carried = (package / "_upstream_test.py").read_text()
+    assert "def _vocab_range(rank, world_size):" in carried  # the helper came along
+    assert "TestVocabRange().test_a_rank_outside_the_world_is_refused(**_case)" in carried
+    assert "[{'rank': 2}, {'rank': -1}]" in carried
+
+
+@pytest.mark.slow
 def test_keep_unfinished_writes_a_plugin_that_check_fails(upstream, tmp_path, capsys) -> None:
     """#103's hunk does not apply: with --keep-unfinished the plugin is written (its sniff
     unfinished), exit 1, and ``backports check`` fails on it once installed."""

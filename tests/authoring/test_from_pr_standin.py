@@ -602,3 +602,56 @@ def test_a_torch_function_runs_for_real_unless_handed_a_stand_in(callees_toy) ->
     assert {f for f in run.facts if "zeros" in f or "sum" in f} == set()
     assert "call torch.tensor#0 arg0=[<x>]" in run.facts  # a builtin: no signature
     assert "call torch.tensor#0 dtype=torch.float32" in run.facts
+
+
+# ---- a numeric argument's edges, a CUDA allocation, a crash preferred (#5530's shape) -----
+
+
+def _norm_installed(grads, norm_type=2):  # type: ignore[no-untyped-def]
+    """As megatron's ``get_grad_norm_fp32`` before #5530: the inf-norm of no gradients
+    raises in ``max``; the p-norm path allocates a dummy buffer on the GPU."""
+    import math
+
+    norm_type = float(norm_type)
+    if norm_type == math.inf:
+        total = max(g for g in grads)
+        return torch.tensor([float(total)], device="cuda")
+    torch.zeros(1, dtype=torch.int32, device="cuda")
+    return torch.zeros(1, device="cuda")
+
+
+def _norm_fixed(grads, norm_type=2):  # type: ignore[no-untyped-def]
+    """After: the inf-norm of no gradients is 0.0; no dummy buffer."""
+    import math
+
+    norm_type = float(norm_type)
+    if norm_type == math.inf:
+        total = max((g for g in grads), default=0.0)
+        return torch.tensor([float(total)], device="cuda")
+    return torch.zeros(1, device="cuda")
+
+
+def test_a_call_that_asks_for_a_cuda_device_is_recorded_on_every_machine() -> None:
+    run = _run(_norm_fixed, recorders=(f"torch.{standin.HANDED_A_STAND_IN}",), module=__name__)
+    assert "call torch.zeros#0 device='cuda'" in run.facts, run.facts
+    assert run.outcome.startswith("return <torch.zeros#0()>")  # no CUDA error on CPU
+
+
+def test_a_numeric_default_is_tried_at_its_edges_and_the_crash_the_fix_removes_is_kept() -> None:
+    """Both versions differ at the default input only in a dummy buffer (how the fix is
+    written); the bug is the inf-norm of no gradients, reached only with ``norm_type``
+    infinite (a stand-in cannot pass ``float()``). The crash is the sniff kept."""
+    found = explore.search(
+        _norm_installed,
+        _norm_fixed,
+        target="get_grad_norm_fp32",
+        module=__name__,
+        recorders=(f"torch.{standin.HANDED_A_STAND_IN}",),
+        with_globals=with_globals,
+    )
+    assert found is not None and not found.clean
+    o = found.observation
+    assert o.main["arguments"] == {"norm_type": "inf"}, o.main
+    assert any(f.startswith("raise ValueError") for f in o.needed), o.needed
+    assert standin.judge(standin.seen(_norm_installed, o, with_globals), o) is False
+    assert standin.judge(standin.seen(_norm_fixed, o, with_globals), o) is True

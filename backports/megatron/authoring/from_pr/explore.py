@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from .standin import (
     HANDED_A_STAND_IN,
     LOCAL_IMPORTS,
+    NUMBERS,
     Function,
     Observation,
     Run,
@@ -216,7 +217,7 @@ class _Explorer:
 
 
 def _neighbours(
-    setting: Setting, runs: tuple[Run, Run], parameters: list[tuple[str, bool]]
+    setting: Setting, runs: tuple[Run, Run], parameters: list[tuple[str, list[str]]]
 ) -> list[Setting]:
     out = []
     for path in dict.fromkeys(runs[0].asked + runs[1].asked):
@@ -233,9 +234,8 @@ def _neighbours(
             there = setting.copy()
             there.truths[present(path)] = True
             out.append(there)
-    for index, (name, has_default) in enumerate(parameters):
-        current = setting.arguments.get(name, "default" if has_default else "stand-in")
-        choices = ["stand-in", "none"] + (["default"] if has_default else [])
+    for index, (name, choices) in enumerate(parameters):
+        current = setting.arguments.get(name, "default" if "default" in choices else "stand-in")
         for choice in choices if index else []:  # self / ctx stays a stand-in
             if choice != current:
                 other = setting.copy()
@@ -257,18 +257,28 @@ def _distance(a: Setting, b: Setting) -> int:
     return len(_choices(a) ^ _choices(b))
 
 
-def _parameters(function: Function) -> list[tuple[str, bool]]:
-    return [
-        (name, p.default is not p.empty)
-        for name, p in inspect.signature(function).parameters.items()
-        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    ]
+def _parameters(function: Function) -> list[tuple[str, list[str]]]:
+    """Each parameter's choices: a stand-in, None, its default where it has one, and where
+    that default is a number, the numbers a stand-in cannot be (``float(norm_type)`` of a
+    stand-in raises, so ``norm_type == inf`` is reached only by the number itself)."""
+    found = []
+    for name, p in inspect.signature(function).parameters.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        choices = ["stand-in", "none"]
+        if p.default is not p.empty:
+            choices.append("default")
+            if isinstance(p.default, int | float) and not isinstance(p.default, bool):
+                choices.extend(NUMBERS)
+        found.append((name, choices))
+    return found
 
 
 # A check a candidate sniff must pass to be kept: None where it holds, else why not.
 Validate = Callable[[Observation], str | None]
 _FALLBACKS = 64  # candidates where the installed code raises, checked at the end
 _CONTROLS = 8  # agreeing inputs tried as a candidate's control, nearest first
+_CRASH_RUNS = 64  # runs past a kept candidate spent looking for a crash the fix removes
 
 
 def search(
@@ -287,7 +297,10 @@ def search(
 ) -> Found | None:
     """The first input (breadth first) on which ``installed`` and ``fixed`` differ whose
     frozen sniff ``validate`` keeps; past a discarded candidate the search goes on (its
-    neighbours too)."""
+    neighbours too). Where the installed code raises on an input the fixed code returns
+    from (a crash the fix removes: the bug itself), that input is preferred to one where
+    both return and only what they call differs (how the fix is written): once such a
+    candidate is kept, the search looks ``_CRASH_RUNS`` runs further for a crash first."""
     start = time.monotonic()
     ex = _Explorer(installed, fixed, recorders, module, with_globals, focus, set(), {})
     parameters = _parameters(installed)
@@ -295,18 +308,20 @@ def search(
     visited = {Setting().key()}
     agreeing: list[Setting] = []
     fallbacks: list[Setting] = []
-    while queue and ex.runs < max_runs and time.monotonic() - start < seconds:
+    kept: Found | None = None
+    runs = max_runs
+    while queue and ex.runs < runs and time.monotonic() - start < seconds:
         setting = queue.popleft()
         a, b = ex.pair(setting)
         only_fixed, only_installed = ex.difference(a, b)
         returned = [run.outcome.startswith("return") for run in (a, b)]
         if (only_fixed or only_installed) and returned[1]:  # the fixed code must return
-            if returned[0]:
+            if not returned[0]:  # the installed code raises: the bug may be that
+                fallbacks.append(setting)
+            elif kept is None:
                 kept = _candidate(ex, setting, agreeing, target, start, True, validate, on_discard)
                 if kept is not None:
-                    return kept
-            else:  # the installed code raises: the bug may be that (checked at the end)
-                fallbacks.append(setting)
+                    runs = min(max_runs, ex.runs + _CRASH_RUNS)
         elif _facts(a) == _facts(b) and any(f.startswith(("call ", "set")) for f in a.facts):
             agreeing.append(setting)
         for other in _neighbours(setting, (a, b), parameters):
@@ -316,10 +331,10 @@ def search(
     for setting in fallbacks[:_FALLBACKS]:
         if time.monotonic() - start > 2 * seconds:
             break
-        kept = _candidate(ex, setting, agreeing, target, start, False, validate, on_discard)
-        if kept is not None:
-            return kept
-    return None
+        crash = _candidate(ex, setting, agreeing, target, start, False, validate, on_discard)
+        if crash is not None:
+            return crash
+    return kept
 
 
 def _candidate(

@@ -1,16 +1,17 @@
 """Step five: synthesise the sniff (in a child interpreter: ``sniff_child``).
 
 What the child needs from the clone is gathered here: the pull request's tests that could
-run as a sniff (route a: a module-level test function that takes no fixtures, with the
-imports it uses), and the names those tests observe that the change also touches (route
-b's focus: the test's observation, lifted onto stand-ins).
+run as a sniff (route a: a module-level test function or a method of a plain test class,
+taking no fixtures, parametrized at most by literal cases, with the imports and module-level
+helpers it uses), and the names those tests observe that the change also touches (route b's
+focus: the test's observation, lifted onto stand-ins).
 """
 
 import ast
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, cast
 
 from .child import package_root, run_module
 from .clone import Clone
@@ -168,36 +169,165 @@ def focus_names(
     return tuple(sorted(observed & _changed_words(clone, pr, symbols)))
 
 
+# ---- route a: the pull request's tests that could run as a sniff ----------------------------
+
+# Hooks a test class may not define: pytest would run them around the test, the sniff does not.
+_CLASS_HOOKS = frozenset(
+    {
+        "setup_method",
+        "teardown_method",
+        "setup_class",
+        "teardown_class",
+        "setup",
+        "teardown",
+        "setUp",
+        "tearDown",
+        "setUpClass",
+        "tearDownClass",
+    }
+)
+# At most this many parametrized cases run in one sniff (each runs on every rewrite too).
+MAX_CASES = 12
+# How deep the module-level helpers a test calls are followed (a helper calling a helper).
+_HELPER_DEPTH = 3
+
+
+def _parametrize_cases(decorators: list[ast.expr]) -> list[dict[str, Any]] | None:
+    """The cases of ``@pytest.mark.parametrize`` decorators with literal names and values
+    (their product, as pytest runs them), or None for any other decorator, a
+    ``pytest.param``, a value that is not a literal, or more than ``MAX_CASES``."""
+    cases: list[dict[str, Any]] = [{}]
+    for decorator in decorators:
+        if not (
+            isinstance(decorator, ast.Call)
+            and ast.unparse(decorator.func) in ("pytest.mark.parametrize", "mark.parametrize")
+            and len(decorator.args) == 2
+            and not decorator.keywords
+        ):
+            return None
+        try:
+            names = ast.literal_eval(decorator.args[0])
+            values = ast.literal_eval(decorator.args[1])
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return None
+        keys = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+        if not keys or not all(isinstance(k, str) and k.isidentifier() for k in keys):
+            return None
+        rows = [v if len(keys) > 1 else (v,) for v in values]
+        if any(not isinstance(r, tuple | list) or len(r) != len(keys) for r in rows):
+            return None
+        cases = [{**case, **dict(zip(keys, row, strict=True))} for case in cases for row in rows]
+    return cases if 0 < len(cases) <= MAX_CASES else None
+
+
+def _runnable_class(cls: ast.ClassDef) -> bool:
+    """A plain test class pytest instantiates with no arguments and no hooks around it."""
+    if cls.decorator_list or cls.keywords or cls.bases:
+        return False
+    methods = [n for n in cls.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    return not any(
+        m.name in _CLASS_HOOKS or any("fixture" in ast.unparse(d) for d in m.decorator_list)
+        for m in methods
+    )
+
+
+def _module_definitions(tree: ast.Module) -> dict[str, ast.stmt]:
+    """Module-level functions, classes and plain assignments, by the name they bind."""
+    found: dict[str, ast.stmt] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.FunctionDef | ast.ClassDef):
+            found[stmt.name] = stmt
+        elif isinstance(stmt, ast.Assign) and all(isinstance(t, ast.Name) for t in stmt.targets):
+            for t in stmt.targets:
+                found[cast(ast.Name, t).id] = stmt
+    return found
+
+
+def _names(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _with_helpers(tree: ast.Module, roots: list[ast.stmt]) -> list[ast.stmt]:
+    """``roots`` and the module-level definitions they use, followed ``_HELPER_DEPTH`` deep
+    (a helper that builds the config, a fake process group), in the module's order; never
+    another test."""
+    defined = _module_definitions(tree)
+    chosen: list[ast.stmt] = list(roots)
+    frontier = list(roots)
+    for _ in range(_HELPER_DEPTH):
+        wanted = set().union(*(_names(n) for n in frontier)) if frontier else set()
+        frontier = [
+            defined[name]
+            for name in sorted(wanted & set(defined))
+            if defined[name] not in chosen and not name.startswith("test")
+        ]
+        chosen.extend(frontier)
+    order = {id(stmt): i for i, stmt in enumerate(tree.body)}
+    return sorted({id(s): s for s in chosen}.values(), key=lambda s: order.get(id(s), 0))
+
+
+def _runner(test: str, call: str, cases: list[dict[str, Any]] | None) -> str:
+    """The module-level function the sniff calls: the test, once per case."""
+    if cases is None:
+        return f"def {test}():\n    {call}()\n"
+    return f"def {test}():\n    for _case in {cases!r}:\n        {call}(**_case)\n"
+
+
+def _route_a_test(clone: Clone, sha: str, node_id: str) -> dict[str, Any] | None:
+    """One test as a sniff can run it, or None: a module-level test function, or a method
+    of a plain test class (no hooks, no fixtures), taking no argument but those of
+    ``@pytest.mark.parametrize`` with literal values; with the imports and module-level
+    helpers it uses. Its ``function`` is a runner that calls it once per case."""
+    path, *names = node_id.split("::")
+    text = clone.text(sha, path)
+    if text is None or len(names) not in (1, 2):
+        return None
+    tree = ast.parse(text)
+    scope: list[ast.stmt] = tree.body
+    cls = next((n for n in scope if getattr(n, "name", None) == names[0]), None)
+    if len(names) == 2:
+        if not isinstance(cls, ast.ClassDef) or not _runnable_class(cls):
+            return None
+        scope = cls.body
+    function = next((n for n in scope if getattr(n, "name", None) == names[-1]), None)
+    if not isinstance(function, ast.FunctionDef):
+        return None
+    a = function.args
+    params = [p.arg for p in a.args][1 if len(names) == 2 else 0 :]
+    cases = _parametrize_cases(function.decorator_list) if function.decorator_list else None
+    if (
+        a.posonlyargs
+        or a.kwonlyargs
+        or a.vararg
+        or a.kwarg
+        or a.defaults
+        or (function.decorator_list and cases is None)
+        or sorted(params) != sorted(cases[0] if cases else [])
+    ):
+        return None
+    root: ast.stmt = cls if len(names) == 2 and isinstance(cls, ast.ClassDef) else function
+    body = _with_helpers(tree, [root])
+    used = set().union(*(_names(n) for n in body))
+    imports = [
+        ast.get_source_segment(text, stmt) or ""
+        for stmt in tree.body
+        if isinstance(stmt, ast.Import | ast.ImportFrom)
+        and {(a.asname or a.name).split(".")[0] for a in stmt.names} & used
+    ]
+    runner = f"_backports_route_a_{'_'.join(names)}"
+    call = f"{names[0]}().{names[1]}" if len(names) == 2 else names[0]
+    pieces = [ast.get_source_segment(text, stmt) or "" for stmt in body]
+    source = "\n\n\n".join(["\n".join(imports), *pieces, _runner(runner, call, cases)])
+    return {"id": node_id, "function": runner, "source": source, "names": sorted(used)}
+
+
 def route_a_tests(clone: Clone, pr: PullRequest, tests: tuple[str, ...]) -> list[dict[str, Any]]:
-    """Tests that could run as a sniff: module-level, no fixtures, no decorators; each with
-    the imports of its module that it uses."""
+    """The pull request's tests that could run as a sniff (``_route_a_test``)."""
     found = []
     for node_id in tests:
-        got = _test_function(clone, pr.new.sha, node_id)
-        if got is None or node_id.count("::") != 1:
-            continue
-        tree, function, text = got
-        a = function.args
-        if (
-            a.args
-            or a.posonlyargs
-            or a.kwonlyargs
-            or a.vararg
-            or a.kwarg
-            or function.decorator_list
-        ):
-            continue
-        used = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)}
-        imports = [
-            ast.get_source_segment(text, stmt) or ""
-            for stmt in tree.body
-            if isinstance(stmt, ast.Import | ast.ImportFrom)
-            and {(a.asname or a.name).split(".")[0] for a in stmt.names} & used
-        ]
-        source = "\n".join([*imports, "", "", ast.get_source_segment(text, function) or ""]) + "\n"
-        found.append(
-            {"id": node_id, "function": function.name, "source": source, "names": sorted(used)}
-        )
+        test = _route_a_test(clone, pr.new.sha, node_id)
+        if test is not None:
+            found.append(test)
     return found
 
 

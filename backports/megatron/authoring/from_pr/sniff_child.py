@@ -113,12 +113,6 @@ def _installed(module_name: str, attribute: str) -> tuple[Function, types.Module
     return _unwrapped(found), module
 
 
-def _test(test: _Test) -> Function:
-    namespace: dict[str, object] = {"__name__": "_backports_upstream_test"}
-    exec(compile(test["source"], "<upstream test>", "exec"), namespace)
-    return cast(Function, namespace[test["function"]])
-
-
 @dataclass
 class _Soundness:
     """The rewrites of both versions a candidate sniff must judge as their originals."""
@@ -177,14 +171,15 @@ class _Soundness:
         }
 
 
-def _test_says(test: Function, module: str, attribute: str) -> Callable[[Function], bool | str]:
+def _test_says(test: _Test, module: str, attribute: str) -> Callable[[Function], bool | str]:
     """A version's verdict by the test: fixed (passed), needed (failed), else its error."""
-    from ._tool import with_globals
-    from .standin import is_failure, run_test, test_binding
+    from .standin import is_failure, run_upstream_test
 
     def says(version: Function) -> bool | str:
-        bound = test_binding(module, attribute, version)
-        outcome = run_test(test, *bound, with_globals, inside=_unwrapped(version).__code__)
+        code = _unwrapped(version).__code__
+        outcome = run_upstream_test(
+            test["source"], test["function"], module, attribute, version, inside=code
+        )
         return outcome == "passed" if outcome == "passed" or is_failure(outcome) else outcome
 
     return says
@@ -197,42 +192,43 @@ def _route_a(
     fixed: Function,
     soundness: _Soundness,
 ) -> Json | None:
-    from ._tool import with_globals
-    from .standin import is_failure, run_test, test_binding
+    """The first of the pull request's tests that fails on the installed code and passes
+    on the fixed code (and reads every rewrite as its version); None where no test
+    reaches the target."""
+    from .standin import is_failure, run_upstream_test
 
     tried = []
+    module, attribute = target["module"], target["attribute"]
     for test in request.get("tests", []):
-        name = target["attribute"].rpartition(".")[0] or target["attribute"]
-        if name not in test["names"]:
-            continue
         start = time.monotonic()
-        try:
-            function = _test(test)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # its imports need the test tree, a GPU, ... (or skip)
-            tried.append(f"a: {test['id']} does not load here: {type(exc).__name__}: {exc}")
-            continue
-        module, attribute = target["module"], target["attribute"]
-        stock = run_test(
-            function,
-            *test_binding(module, attribute, installed),
-            with_globals,
-            inside=installed.__code__,
+        stock = run_upstream_test(
+            test["source"], test["function"], module, attribute, installed, installed.__code__
         )
-        ours = run_test(function, *test_binding(module, attribute, fixed), with_globals)
+        if stock.startswith("error: the test reaches nothing"):
+            continue
+        if "does not load here" in stock:
+            tried.append(f"a: {test['id']} {stock.partition(': ')[2]}")
+            continue
+        ours = run_upstream_test(test["source"], test["function"], module, attribute, fixed)
         seconds = round(time.monotonic() - start, 2)
         tried.append(
             f"a: {test['id']}: {stock} on the installed code, {ours} on the fixed ({seconds} s)"
         )
         if not is_failure(stock) or ours != "passed" or seconds >= request["test_seconds"]:
             continue
-        why = soundness.refute(_test_says(function, module, attribute))
+        why = soundness.refute(_test_says(test, module, attribute))
         if why is None:
             return {"route": "a", "test": test, "seconds": seconds, "tried": tried}
         soundness.discard(why)
         tried.append(f"a: {test['id']} discarded: {why}")
     return {"route": None, "tried": tried} if tried else None
+
+
+# Why route a had nothing to run: no test could run as a sniff here, or none reaches it.
+_NO_TEST = (
+    "no test of the pull request reaches the target and runs as a sniff (a module-level "
+    "test or one of a plain test class, no fixtures, literal parameters at most)"
+)
 
 
 def _route_bc(
@@ -295,7 +291,7 @@ def _one(request: _Request, target: _Target, vendored: types.ModuleType) -> Json
         answer = _route_a(request, target, installed, fixed, soundness)
     if answer is not None and answer["route"] == "a":
         return {**answer, "rewrites": soundness.answer()}
-    tried = answer["tried"] if answer else ["a: no test of the pull request names the target"]
+    tried = answer["tried"] if answer else [f"a: {_NO_TEST}"]
     result = _route_bc(request, target, installed, fixed, module, soundness)
     result["tried"] = tried + result["tried"]
     result["rewrites"] = soundness.answer()

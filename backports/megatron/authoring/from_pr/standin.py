@@ -30,7 +30,7 @@ import sys
 import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import NotRequired, TypedDict
+from typing import NotRequired, TypedDict, cast
 
 _UNPACK = re.compile(r"values to unpack \(expected (\d+)")
 _LEARN_BUDGET = 96  # attributes and lengths one call may learn
@@ -443,15 +443,24 @@ def _holds_stand_in(value: object, depth: int = 3) -> bool:
     return False
 
 
+def _on_a_gpu(kwargs: Mapping[str, object]) -> bool:
+    """The call asks for a CUDA device (``device="cuda"``, ``"cuda:1"``, a
+    ``torch.device("cuda")``): told by its text, as this module imports no torch."""
+    return str(kwargs.get("device", "")).startswith("cuda")
+
+
 class _WhereHandedAStandIn:
     """A module's function that runs for real, unless it is handed a stand-in (which no
-    real ``torch.count_nonzero`` takes): then the call is recorded, as a recorder's is."""
+    real ``torch.count_nonzero`` takes) or asked for a CUDA device (``torch.zeros(1,
+    device="cuda")``: what the fix hands it is the fact, and a machine without a GPU could
+    not run it while one with a GPU would: recorded on every machine alike, a sniff made
+    on CPU replays the same on a GPU): then the call is recorded, as a recorder's is."""
 
     def __init__(self, real: Callable[..., object], path: str, run: Run) -> None:
         self._real, self._path, self._run = real, path, run
 
     def __call__(self, *args: object, **kwargs: object) -> object:
-        if _holds_stand_in(args) or _holds_stand_in(kwargs):
+        if _holds_stand_in(args) or _holds_stand_in(kwargs) or _on_a_gpu(kwargs):
             return StandIn(self._path, self._run, self._real)(*args, **kwargs)
         return self._real(*args, **kwargs)
 
@@ -546,8 +555,13 @@ def _private_copy(
     return with_globals(function, overrides)
 
 
-def _arguments(function: Function, setting: Setting, run: Run) -> dict[str, StandIn | None]:
-    arguments: dict[str, StandIn | None] = {}
+# The numbers tried for a parameter whose default is a number (``norm_type=2``), by the
+# name an input records: the edges a fix for a numeric argument is about.
+NUMBERS = {"inf": float("inf"), "zero": 0, "negative": -1}
+
+
+def _arguments(function: Function, setting: Setting, run: Run) -> dict[str, object]:
+    arguments: dict[str, object] = {}
     for name, parameter in inspect.signature(function).parameters.items():
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
@@ -555,7 +569,10 @@ def _arguments(function: Function, setting: Setting, run: Run) -> dict[str, Stan
         choice = setting.arguments.get(name, "default" if has_default else "stand-in")
         if choice == "default" and has_default:
             continue
-        arguments[name] = None if choice == "none" else StandIn(name, run)
+        if choice in NUMBERS:
+            arguments[name] = NUMBERS[choice]
+        else:
+            arguments[name] = None if choice == "none" else StandIn(name, run)
     return arguments
 
 
@@ -704,6 +721,18 @@ def judge(facts: Facts, observation: Observation) -> bool:
 # ---- route (a): the pull request's own test, run on a target -------------------------------
 
 
+def _as_held(held: object, function: Function) -> object:
+    """``function`` as the class holds the member it replaces (a static method, a class
+    method, a property's getter with the property's setter and deleter kept)."""
+    if isinstance(held, staticmethod):
+        return staticmethod(function)
+    if isinstance(held, classmethod):
+        return classmethod(function)
+    if isinstance(held, property):
+        return property(function, held.fset, held.fdel, held.__doc__)
+    return function
+
+
 def test_binding(module_name: str, attribute: str, function: Function) -> tuple[str, object]:
     """(the name a test uses for the target, what to bind it to in the test's private
     globals): the function itself, or a subclass of its class whose method is ``function``
@@ -715,8 +744,95 @@ def test_binding(module_name: str, attribute: str, function: Function) -> tuple[
     if not owner_name:
         return name, function
     owner = getattr(module, owner_name)
-    member = staticmethod(function) if isinstance(vars(owner)[name], staticmethod) else function
+    member = _as_held(vars(owner)[name], function)
     return owner_name, type(owner_name, (owner,), {name: member, "__module__": owner.__module__})
+
+
+def _resolves_at(cls: type, name: str, owner: type) -> bool:
+    """``cls`` is ``owner`` or a subclass that takes ``name`` from ``owner`` (none of the
+    classes before it in the MRO defines it): the test reaches the target through it."""
+    mro = getattr(cls, "__mro__", ())
+    if owner not in mro:
+        return False
+    return next((c for c in mro if name in c.__dict__), None) is owner
+
+
+def _subclass_with(cls: type, name: str, member: object) -> type | None:
+    """A subclass of ``cls`` whose ``name`` is ``member`` (the live class is never
+    written), or None where ``cls`` cannot be subclassed (an enum with members, a final
+    class)."""
+    try:
+        return type(
+            cls.__name__,
+            (cls,),
+            {name: member, "__module__": cls.__module__, "__qualname__": cls.__qualname__},
+        )
+    except TypeError:
+        return None
+
+
+def route_a_bindings(
+    namespace: Mapping[str, object], module_name: str, attribute: str, function: Function
+) -> dict[str, object]:
+    """What to rebind in a test's namespace so that the test runs ``function`` as the
+    target: each name bound to the target itself; each class that reaches the target's
+    method (its class, or a subclass that inherits the method: ``ByteLevelTokenizer`` for
+    ``MegatronTokenizerTextAbstract.cls_id``) as a subclass whose method is ``function``;
+    the target's module (``import rope_utils as m; m._apply(...)``) as a copy of it whose
+    attribute is. Empty where the test reaches nothing of the target. Nothing live is
+    written."""
+    import importlib
+
+    module = importlib.import_module(module_name)
+    owner_name, _, name = attribute.rpartition(".")
+    bound: dict[str, object] = {}
+    replaced: dict[str, object] = {name: function}
+    if not owner_name:
+        live = vars(module).get(name)
+        bound = {k: function for k, v in namespace.items() if v is live and live is not None}
+    else:
+        owner = getattr(module, owner_name)
+        member = _as_held(vars(owner)[name], function)
+        for key, value in namespace.items():
+            if isinstance(value, type) and _resolves_at(value, name, owner):
+                made = _subclass_with(value, name, member)
+                if made is not None:
+                    bound[key] = made
+        replaced = {owner_name: _subclass_with(owner, name, member) or owner}
+    for key, value in namespace.items():
+        if value is module:
+            view = types.ModuleType(module.__name__, module.__doc__)
+            view.__dict__.update({**vars(module), **replaced})
+            bound[key] = view
+    return bound
+
+
+def run_upstream_test(
+    source: str,
+    test: str,
+    module_name: str,
+    attribute: str,
+    function: Function,
+    inside: types.CodeType | None = None,
+) -> str:
+    """``run_test``'s outcome for the test ``test`` defined by ``source`` (a pull request's
+    test with its imports and helpers), run afresh with ``function`` as the target
+    (``route_a_bindings``): the test and every helper it calls see it, the live module and
+    class do not. "error ..." where the source does not load or reaches nothing of the
+    target."""
+    namespace: dict[str, object] = {"__name__": "_backports_upstream_test"}
+    try:
+        exec(compile(source, "<upstream test>", "exec"), namespace)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # its imports need the test tree, a GPU, ... (or skip)
+        first = (str(exc).splitlines() or [""])[0][:120]
+        return f"error {type(exc).__name__}: does not load here: {first}"
+    bound = route_a_bindings(namespace, module_name, attribute, function)
+    if not bound:
+        return f"error: the test reaches nothing of {attribute}"
+    namespace.update(bound)
+    return _outcome(cast(Callable[[], object], namespace[test]), inside)
 
 
 def _is_pytest_failure(exc: BaseException) -> bool:
@@ -783,15 +899,20 @@ def run_test(
     with_globals: WithGlobals,
     inside: types.CodeType | None = None,
 ) -> str:
-    """ "passed", "failed..." or "error <type>: <line>" for ``test()`` run with ``name``
-    bound to ``value``. Failed: an assertion, pytest's ``Failed``, or (with ``inside``, the
-    code of the function under judgement) an exception raised from inside that function's
-    frames, as pytest calls it FAILED too, unless it says the environment lacks something
-    (``environmental``: an import, a skip, CUDA, Transformer Engine, the network). Whatever
-    the test raises is its outcome, ``BaseException`` included (pytest's outcomes,
-    ``SystemExit``): a test never ends the process running it; only a Ctrl-C goes on."""
+    """``_outcome`` of ``test()`` run with ``name`` bound to ``value`` in its globals."""
+    return _outcome(with_globals(test, {name: value}), inside)
+
+
+def _outcome(test: Callable[[], object], inside: types.CodeType | None) -> str:
+    """ "passed", "failed..." or "error <type>: <line>" for ``test()``. Failed: an
+    assertion, pytest's ``Failed``, or (with ``inside``, the code of the function under
+    judgement) an exception raised from inside that function's frames, as pytest calls it
+    FAILED too, unless it says the environment lacks something (``environmental``: an
+    import, a skip, CUDA, Transformer Engine, the network). Whatever the test raises is its
+    outcome, ``BaseException`` included (pytest's outcomes, ``SystemExit``): a test never
+    ends the process running it; only a Ctrl-C goes on."""
     try:
-        with_globals(test, {name: value})()
+        test()
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # its outcome, as pytest would report it
@@ -817,10 +938,12 @@ def look(
     function: Function, entry: SniffEntry, with_globals: WithGlobals, tests: object = None
 ) -> Facts:
     """What ``function`` does on the entry's inputs (JSON-able)."""
-    if entry["route"] == "a":
-        test = getattr(tests, entry["test"])
-        bound = test_binding(entry["module"], entry["target"], function)
-        return {"test": run_test(test, *bound, with_globals, inside=function.__code__)}
+    if entry["route"] == "a":  # the carried tests' module, run afresh on ``function``
+        source = inspect.getsource(cast(types.ModuleType, tests))
+        outcome = run_upstream_test(
+            source, entry["test"], entry["module"], entry["target"], function, function.__code__
+        )
+        return {"test": outcome}
     return seen(function, Observation.from_json(entry["observation"]), with_globals)
 
 
