@@ -52,7 +52,9 @@ upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has
 - #127 (merged): adds a backend to the module constant ``_VALID_DSA_KERNEL_BACKENDS`` and
   rewords the function that reads it;
 - #128 (merged): ``_reduce`` (tensor parallel) all-reduces a float32 copy and casts it back:
-  seen only in what it hands ``torch.distributed.all_reduce`` and what it returns.
+  seen only in what it hands ``torch.distributed.all_reduce`` and what it returns;
+- #129 (merged): the property ``MCoreTensorAwareStateDict.tensors`` raises RuntimeError where
+  it asserted, with a module-level CPU test (route a on a property).
 """
 
 from __future__ import annotations
@@ -73,8 +75,9 @@ POST_TRAINING = "megatron/post_training/notes.py"
 TEST_UTILS = "tests/unit_tests/test_utils.py"
 TEST_GELU = "tests/unit_tests/fusions/test_fused_bias_gelu.py"
 TASD = "megatron/core/dist_checkpointing/tensor_aware_state_dict.py"
+TEST_TASD = "tests/unit_tests/dist_checkpointing/test_tensor_aware_state_dict.py"
 MAPPINGS = "megatron/core/tensor_parallel/mappings.py"
-NEWEST = 128
+NEWEST = 129
 LIMITS = "megatron/core/limits.json"
 
 DIVIDE = '''\
@@ -475,6 +478,7 @@ def build(root: Path) -> Upstream:
     c["merge118"] = main = _merge(b, main, 118, "Plain init for zero layers", c["head118"])
 
     main = _shapes(b, c, main)
+    main = _property(b, c, main)
     b.ref("refs/heads/main", main)
     b.repo.git.checkout("--quiet", "--force", "main")
     return Upstream(root, b.repo, c)
@@ -597,6 +601,33 @@ def _shapes(b: _Builder, c: dict[str, str], main: str) -> str:
     )
     c["head128"] = _pull(b, 128, main, "fp32 reduce", {MAPPINGS: m})
     c["merge128"] = main = _merge(b, main, 128, "All-reduce in float32", c["head128"])
+    return main
+
+
+TENSORS_DOC = '        Get the tensor data from the state dict.\n        """\n'
+HOLLOW_ASSERT = TENSORS_DOC + "        assert not self.is_hollow  # TODO raise exception\n"
+HOLLOW_RAISES = TENSORS_DOC + (
+    "        if self.is_hollow:\n"
+    '            raise RuntimeError("the tensors were taken out: insert them back first")\n'
+)
+TEST_HOLLOW = """\
+import pytest
+
+from megatron.core.dist_checkpointing.tensor_aware_state_dict import MCoreTensorAwareStateDict
+
+
+def test_the_tensors_of_a_hollow_state_dict_raise_runtime_error():
+    hollow = MCoreTensorAwareStateDict(common={}, sharded_state_dict={}, _is_hollow=True)
+    with pytest.raises(RuntimeError, match="insert them back"):
+        hollow.tensors
+"""
+
+
+def _property(b: _Builder, c: dict[str, str], main: str) -> str:
+    """#129: a property's getter changed, with a module-level CPU test; main's new tip."""
+    tasd = edit(b.files[main][TASD], HOLLOW_ASSERT, HOLLOW_RAISES)
+    c["head129"] = _pull(b, 129, main, "hollow", {TASD: tasd, TEST_TASD: TEST_HOLLOW})
+    c["merge129"] = main = _merge(b, main, 129, "Raise for a hollow state dict", c["head129"])
     return main
 
 

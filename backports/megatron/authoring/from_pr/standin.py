@@ -707,7 +707,8 @@ def judge(facts: Facts, observation: Observation) -> bool:
 def test_binding(module_name: str, attribute: str, function: Function) -> tuple[str, object]:
     """(the name a test uses for the target, what to bind it to in the test's private
     globals): the function itself, or a subclass of its class whose method is ``function``
-    (the live class is never written)."""
+    (a property's getter: a property of it, with the class's setter, deleter and doc; the
+    live class is never written)."""
     import importlib
 
     module = importlib.import_module(module_name)
@@ -715,8 +716,20 @@ def test_binding(module_name: str, attribute: str, function: Function) -> tuple[
     if not owner_name:
         return name, function
     owner = getattr(module, owner_name)
-    member = staticmethod(function) if isinstance(vars(owner)[name], staticmethod) else function
-    return owner_name, type(owner_name, (owner,), {name: member, "__module__": owner.__module__})
+    return owner_name, type(
+        owner_name,
+        (owner,),
+        {name: _member(vars(owner)[name], function), "__module__": owner.__module__},
+    )
+
+
+def _member(held: object, function: Function) -> object:
+    """``function`` bound in a class as ``held`` (what the class holds) is bound."""
+    if isinstance(held, staticmethod):
+        return staticmethod(function)
+    if isinstance(held, property):
+        return property(function, held.fset, held.fdel, held.__doc__)
+    return function
 
 
 def _is_pytest_failure(exc: BaseException) -> bool:
