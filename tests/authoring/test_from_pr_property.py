@@ -98,6 +98,8 @@ def test_a_property_defined_beside_its_setter_or_deleter_is_refused(accessor: st
         _refuse_accessors_in(text, "C.x", "m.C.x")
     assert caught.value.reason is Reason.SHAPE
     _refuse_accessors_in(text.replace("def x(self, v)", "def y(self, v)"), "C.y", "m.C.y")
+    overloads = "class C:\n    @overload\n    def f(self):\n        ...\n\n"
+    _refuse_accessors_in(overloads + "    def f(self):\n        pass\n", "C.f", "m.C.f")
 
 
 @pytest.mark.slow(

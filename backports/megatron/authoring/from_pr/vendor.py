@@ -103,11 +103,18 @@ def _refuse_accessors(parents: tuple[ast.AST, ...], node: ast.FunctionDef, shown
     owner = parents[-1] if parents else None
     if not isinstance(owner, ast.ClassDef):
         return
-    same = [n for n in owner.body if isinstance(n, ast.FunctionDef) and n.name == node.name]
-    if len(same) > 1:
+    accessors = {f"{node.name}.{role}" for role in ("setter", "deleter", "getter")}
+    found = [
+        ast.unparse(d)
+        for n in owner.body
+        if isinstance(n, ast.FunctionDef) and n.name == node.name
+        for d in n.decorator_list
+        if ast.unparse(d) in accessors
+    ]
+    if found:
         raise Refused(
-            f"{shown} is defined {len(same)} times in its class (a property with its setter "
-            "or deleter): only a property's lone getter is carried"
+            f"{shown} is a property with @{', @'.join(found)} defined beside its getter: "
+            "only a property's lone getter is carried"
         )
 
 
