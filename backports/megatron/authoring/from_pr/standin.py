@@ -724,7 +724,8 @@ def test_binding(module_name: str, attribute: str, function: Function) -> tuple[
 
 
 def _member(held: object, function: Function) -> object:
-    """``function`` bound in a class as ``held`` (what the class holds) is bound."""
+    """``function`` bound as the class binds ``held``: a static method, a property (with
+    the class's setter, deleter and doc), else the plain function."""
     if isinstance(held, staticmethod):
         return staticmethod(function)
     if isinstance(held, property):
