@@ -55,7 +55,9 @@ upstream's. ``main`` and ``refs/pull/N/head`` are laid out as a GitHub clone has
   seen only in what it hands ``torch.distributed.all_reduce`` and what it returns.
 - #129 (merged): ``VocabUtility.vocab_range_from_per_partition_vocab_size`` refuses a rank
   outside the world; its test is a parametrized method of a plain test class that reaches
-  the static method through a module alias and a module-level helper.
+  the static method through a module alias and a module-level helper;
+- #130 (merged): the property ``MCoreTensorAwareStateDict.tensors`` raises RuntimeError where
+  it asserted, with a module-level CPU test (route a on a property).
 """
 
 from __future__ import annotations
@@ -76,8 +78,9 @@ POST_TRAINING = "megatron/post_training/notes.py"
 TEST_UTILS = "tests/unit_tests/test_utils.py"
 TEST_GELU = "tests/unit_tests/fusions/test_fused_bias_gelu.py"
 TASD = "megatron/core/dist_checkpointing/tensor_aware_state_dict.py"
+TEST_TASD = "tests/unit_tests/dist_checkpointing/test_tensor_aware_state_dict.py"
 MAPPINGS = "megatron/core/tensor_parallel/mappings.py"
-NEWEST = 129
+NEWEST = 130
 LIMITS = "megatron/core/limits.json"
 TP_UTILS = "megatron/core/tensor_parallel/utils.py"
 TEST_VOCAB = "tests/unit_tests/tensor_parallel/test_vocab_range.py"
@@ -481,6 +484,7 @@ def build(root: Path) -> Upstream:
     c["merge118"] = main = _merge(b, main, 118, "Plain init for zero layers", c["head118"])
 
     main = _shapes(b, c, main)
+    main = _property(b, c, main)
     b.ref("refs/heads/main", main)
     b.repo.git.checkout("--quiet", "--force", "main")
     return Upstream(root, b.repo, c)
@@ -638,6 +642,33 @@ class TestVocabRange:
         with pytest.raises(ValueError):
             _vocab_range(rank, 2)
 """
+
+
+TENSORS_DOC = '        Get the tensor data from the state dict.\n        """\n'
+HOLLOW_ASSERT = TENSORS_DOC + "        assert not self.is_hollow  # TODO raise exception\n"
+HOLLOW_RAISES = TENSORS_DOC + (
+    "        if self.is_hollow:\n"
+    '            raise RuntimeError("the tensors were taken out: insert them back first")\n'
+)
+TEST_HOLLOW = """\
+import pytest
+
+from megatron.core.dist_checkpointing.tensor_aware_state_dict import MCoreTensorAwareStateDict
+
+
+def test_the_tensors_of_a_hollow_state_dict_raise_runtime_error():
+    hollow = MCoreTensorAwareStateDict(common={}, sharded_state_dict={}, _is_hollow=True)
+    with pytest.raises(RuntimeError, match="insert them back"):
+        hollow.tensors
+"""
+
+
+def _property(b: _Builder, c: dict[str, str], main: str) -> str:
+    """#130: a property's getter changed, with a module-level CPU test; main's new tip."""
+    tasd = edit(b.files[main][TASD], HOLLOW_ASSERT, HOLLOW_RAISES)
+    c["head130"] = _pull(b, 130, main, "hollow", {TASD: tasd, TEST_TASD: TEST_HOLLOW})
+    c["merge130"] = main = _merge(b, main, 130, "Raise for a hollow state dict", c["head130"])
+    return main
 
 
 _BUILT: dict[str, Upstream] = {}

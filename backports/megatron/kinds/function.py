@@ -1,11 +1,15 @@
-"""The function kind: a module-level function, or a method (plain or static) of a class.
+"""The function kind: a module-level function, or a method (plain or static) of a class,
+or the getter of a class's property.
 
 A function is held by its defining module and by every module that imported it by name: the
 replacement goes to all of them. A method is set on the class that defines it, never on a
 subclass or a forwarder. A decorated original (``torch.compile``'s wrapper, ``custom_bwd``:
 the entry declares the decorator) is replaced by the live decorator applied to the vendored
 body, behind a plain shim that carries the markers (``__backport__``, ``__wrapped__``), so
-the decorator's own ``__wrapped__`` is never overwritten.
+the decorator's own ``__wrapped__`` is never overwritten. A property is replaced by a new
+property of the vendored getter with the original's setter, deleter and doc; revert puts the
+original property object back. Its getter is what the sniff, the signature check and the
+fingerprint read.
 """
 
 import contextlib
@@ -53,6 +57,16 @@ def live_decorator(path: str) -> Callable[[Callable[..., object]], Callable[...,
     if not callable(decorator):
         raise TypeError(f"decorator {path} is {type(decorator).__name__}, not callable")
     return decorator  # type: ignore[no-any-return]
+
+
+class MarkedProperty(property):
+    """The property the kind installs: a plain ``property`` in every way (getter, setter,
+    deleter, doc), with the ``__dict__`` a plain one lacks, so the class's attribute carries
+    the markers (``__backport__``, ``__wrapped__`` = the original property) as a replaced
+    method does: status, the contract kit and a plugin's tests read them off the class."""
+
+    __backport__: str
+    __wrapped__: property
 
 
 def _ours(held: Any, backport_id: str) -> tuple[Any, Callable[..., object] | None]:
@@ -122,6 +136,39 @@ def _declared_body(function: object, decorator: str) -> Callable[..., object] | 
     return wrapped if getattr(made, "__code__", None) is function.__code__ else None
 
 
+def _getter_refusal(getter: object, target: Target) -> str | None:
+    """Why a property's getter cannot be swapped, or None for a plain function (a getter
+    that is itself decorated, an ``lru_cache`` say, would lose its wrapper)."""
+    if target.decorator is not None:
+        return (
+            f"a property, yet the catalog entry declares the decorator {target.decorator}: "
+            "only a property of a plain getter is carried"
+        )
+    if getattr(getter, "__wrapped__", None) is not None or not inspect.isfunction(getter):
+        code = getattr(getter, "__code__", None)
+        who = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})" if code else getter
+        return (
+            f"a property whose getter is wrapped by {who}: only a property of a plain "
+            "getter is carried"
+        )
+    return None
+
+
+def _function_of(
+    before: Any, target: Target, where: str
+) -> tuple[Callable[..., object], Callable[..., object] | None, str | None]:
+    """(the function the owner's object stands for: a static method's function, a
+    property's getter, else the object itself; the undecorated body when that is the
+    declared decorator's wrapper, else None; why it cannot be patched, or None)."""
+    if isinstance(before, property):
+        if before.fget is None:
+            raise TypeError(f"{where} is a property without a getter")
+        return before.fget, None, _getter_refusal(before.fget, target)
+    original = before.__func__ if isinstance(before, staticmethod) else before
+    body, refused = _decorated_body(original, target)
+    return original, body, refused
+
+
 def _resolved(
     module: ModuleType,
     target: Target,
@@ -132,11 +179,10 @@ def _resolved(
 ) -> ResolvedTarget:
     """The target as found in ``module``: its body checked, and whether it is foreign."""
     before, installed = _ours(held, backport_id)
-    static = isinstance(before, staticmethod)
-    original = before.__func__ if static else before
-    body, refused = _decorated_body(original, target)
-    if not inspect.isfunction(body or original):
-        raise TypeError(f"{module.__name__}.{target.attribute} is {type(original).__name__}")
+    where = f"{module.__name__}.{target.attribute}"
+    original, body, refused = _function_of(before, target, where)
+    if not inspect.isfunction(body or original) and refused is None:
+        raise TypeError(f"{where} is {type(original).__name__}")
     return ResolvedTarget(
         module.__name__,
         defining,
@@ -241,7 +287,8 @@ def _made(
     decorated original, a marked shim around the live decorator applied to such a copy;
     for a static method, that inside a ``staticmethod`` marked with the id too (what the
     class hands out, the function inside, carries both markers: a ``staticmethod``'s own
-    ``__wrapped__`` is its function, read-only)."""
+    ``__wrapped__`` is its function, read-only); for a property, a marked property of such
+    a copy (wrapping the original getter) with the original's setter, deleter and doc."""
     made: Any = _copy_function(vendored)
     if resolved.decorated:
         if target.decorator is None:
@@ -249,8 +296,16 @@ def _made(
         made = _shim(live_decorator(target.decorator)(made), made)
     made.__dict__.update(markers)
     made.__backport__ = backport_id
-    made.__wrapped__ = resolved.held
-    if isinstance(resolved.held, staticmethod):
+    held = resolved.held
+    # A getter wraps the original getter: ``inspect.unwrap`` of it still ends at a function.
+    made.__wrapped__ = resolved.original if isinstance(held, property) else held
+    if isinstance(held, property):
+        marked = MarkedProperty(made, held.fset, held.fdel, held.__doc__)
+        marked.__dict__.update(markers)
+        marked.__backport__ = backport_id
+        marked.__wrapped__ = held  # what ``_ours`` and revert read: the very original
+        return marked
+    if isinstance(held, staticmethod):
         made = staticmethod(made)
         made.__dict__.update(markers)
         made.__backport__ = backport_id

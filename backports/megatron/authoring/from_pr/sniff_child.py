@@ -68,8 +68,13 @@ class _Request(TypedDict):
     tests: NotRequired[list[_Test]]
 
 
-def _unwrapped(obj: Callable[..., object]) -> Function:
-    return cast(Function, inspect.unwrap(obj.__func__ if isinstance(obj, staticmethod) else obj))
+def _unwrapped(obj: object) -> Function:
+    """The function a class dict entry stands for: a static method's, a property's getter."""
+    if isinstance(obj, property):
+        obj = obj.fget
+    elif isinstance(obj, staticmethod):
+        obj = obj.__func__
+    return cast(Function, inspect.unwrap(cast(Callable[..., object], obj)))
 
 
 class Unavailable(RuntimeError):
@@ -102,12 +107,15 @@ def _why_missing(module: types.ModuleType, owner_name: str, attribute: str) -> s
 
 
 def _installed(module_name: str, attribute: str) -> tuple[Function, types.ModuleType]:
-    """(the installed undecorated function, its module); ``Unavailable`` where the module
-    does not define it (a class that exists only with Transformer Engine, say)."""
+    """(the installed undecorated function, a property's getter, its module);
+    ``Unavailable`` where the module does not define it (a class that exists only with
+    Transformer Engine, say)."""
     module = importlib.import_module(module_name)
     owner_name, _, name = attribute.rpartition(".")
     owner = getattr(module, owner_name, None) if owner_name else module
     found = vars(owner).get(name) if isinstance(owner, type | types.ModuleType) else None
+    if isinstance(found, property) and found.fget is not None:
+        found = found.fget  # a property's getter: what the routes run, with ``self``
     if not callable(found) and not isinstance(found, staticmethod | classmethod):
         raise Unavailable(_why_missing(module, owner_name or module_name, attribute))
     return _unwrapped(found), module

@@ -736,7 +736,8 @@ def _as_held(held: object, function: Function) -> object:
 def test_binding(module_name: str, attribute: str, function: Function) -> tuple[str, object]:
     """(the name a test uses for the target, what to bind it to in the test's private
     globals): the function itself, or a subclass of its class whose method is ``function``
-    (the live class is never written)."""
+    (a property's getter: a property of it, with the class's setter, deleter and doc; the
+    live class is never written)."""
     import importlib
 
     module = importlib.import_module(module_name)

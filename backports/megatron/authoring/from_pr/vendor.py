@@ -26,7 +26,9 @@ from .merge import Conflict, merge_symbol
 from .model import Located, PullRequest, Symbol
 from .units import map_units, segment
 
-_STATIC = ("staticmethod", "classmethod")
+# How a method is bound in its class, not a decorator the applier re-applies: the function
+# kind finds a static method's function or a property's getter in the class dict itself.
+_STATIC = ("staticmethod", "classmethod", "property")
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,39 @@ def _installed_def(installed: Installed, module: str, qualname: str) -> ast.Func
         raise NotProven(
             f"{module}.{qualname} is not a def in the installed code", Reason.OUTSIDE_RELEASE
         )
+    _refuse_accessors(scope.parents, scope.node, f"{module}.{qualname}")
     return scope.node
+
+
+def _refuse_accessors_in(source: str, qualname: str, shown: str) -> None:
+    """``_refuse_accessors`` on the text carried (the pull request's, or the merged one):
+    a fix that adds a setter beside the getter is refused too."""
+    scope = map_units(source).scope(qualname)
+    if scope is not None and isinstance(scope.node, ast.FunctionDef):
+        _refuse_accessors(scope.parents, scope.node, shown)
+
+
+def _refuse_accessors(parents: tuple[ast.AST, ...], node: ast.FunctionDef, shown: str) -> None:
+    """A property whose class also defines its setter or deleter (``@x.setter def x``) under
+    the same name is refused: the pieces are found by name (the getter here, the last
+    ``def`` in the sync's assembly) and only a getter is swapped, keeping the installed
+    setter and deleter."""
+    owner = parents[-1] if parents else None
+    if not isinstance(owner, ast.ClassDef):
+        return
+    accessors = {f"{node.name}.{role}" for role in ("setter", "deleter", "getter")}
+    found = [
+        ast.unparse(d)
+        for n in owner.body
+        if isinstance(n, ast.FunctionDef) and n.name == node.name
+        for d in n.decorator_list
+        if ast.unparse(d) in accessors
+    ]
+    if found:
+        raise Refused(
+            f"{shown} is a property with @{', @'.join(found)} defined beside its getter: "
+            "only a property's lone getter is carried"
+        )
 
 
 def _parameters(node: ast.FunctionDef) -> tuple[str, ...]:
@@ -100,7 +134,7 @@ def _imports(tree: ast.Module) -> dict[str, str]:
 
 
 def _decorator(node: ast.FunctionDef, module: str, tree: ast.Module) -> str | None:
-    """The one decorator besides staticmethod/classmethod, as "module:name", or None."""
+    """The one decorator besides staticmethod/classmethod/property, as "module:name", or None."""
     heads = [d for d in node.decorator_list if ast.unparse(d) not in _STATIC]
     if not heads:
         return None
@@ -269,6 +303,7 @@ def _plan(
                 path = next(p for p in installed.files if module_of(p) == loc.module)
                 plan.sources.setdefault(key, (installed.parsed(path) or ("",))[0])
             target = _target(loc, installed, merged)
+            _refuse_accessors_in(plan.sources[key], symbol.qualname, symbol.shown)
             plan.targets.append(target)
             plan.pieces.append(_tool.Piece(key, target.module, symbol.qualname))
     for piece, target in zip(plan.pieces, plan.targets, strict=False):
