@@ -655,3 +655,22 @@ def test_a_numeric_default_is_tried_at_its_edges_and_the_crash_the_fix_removes_i
     assert any(f.startswith("raise ValueError") for f in o.needed), o.needed
     assert standin.judge(standin.seen(_norm_installed, o, with_globals), o) is False
     assert standin.judge(standin.seen(_norm_fixed, o, with_globals), o) is True
+
+
+def test_a_marker_dunder_read_with_a_default_is_explored_and_a_protocol_name_is_not() -> None:
+    """megatron marks its FSDP parameters ``param.__fsdp_param__`` (#4802's branch): a read
+    of it with a default is a choice the search tries both ways. Protocol names that
+    Python and torch probe objects for never are: a stand-in has none of them."""
+
+    def reads(param):  # type: ignore[no-untyped-def]
+        marked = getattr(param, "__fsdp_param__", False)
+        probed = hasattr(param, "__torch_function__"), hasattr(param, "__wrapped__")
+        return bool(marked), probed
+
+    setting = Setting()
+    run = _run(reads, setting)
+    assert run.missed == ["param.__fsdp_param__"], run.missed
+    assert run.outcome == "return (False, (False, False))"
+    marker = "param.__fsdp_param__"
+    there = Setting(truths={standin.present(marker): True, marker: True})
+    assert _run(reads, there).outcome.startswith("return (True,")

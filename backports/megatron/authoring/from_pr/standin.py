@@ -195,6 +195,106 @@ def _unary(symbol: str) -> Callable[["StandIn"], "StandIn"]:
     return op
 
 
+# Dunder names Python and the libraries megatron uses probe objects for (a protocol, a
+# function's or class's own attributes): a stand-in never has them, and never records a
+# read of them as a choice to explore. Any other dunder is a marker a program sets on its
+# own objects (megatron's ``param.__fsdp_param__``): read with a default, it is explored.
+_PROTOCOL_NAMES = frozenset(
+    {
+        name
+        for kind in (object, type, int, float, list, dict, set, types.FunctionType, BaseException)
+        for name in dir(kind)
+        if name.startswith("__")
+    }
+    | {
+        "__array__",
+        "__array_interface__",
+        "__array_priority__",
+        "__array_struct__",
+        "__array_function__",
+        "__array_ufunc__",
+        "__cuda_array_interface__",
+        "__dlpack__",
+        "__dlpack_device__",
+        "__torch_function__",
+        "__torch_dispatch__",
+        "__wrapped__",
+        "__func__",
+        "__self__",
+        "__fspath__",
+        "__iter__",
+        "__next__",
+        "__len__",
+        "__length_hint__",
+        "__index__",
+        "__enter__",
+        "__exit__",
+        "__aenter__",
+        "__aexit__",
+        "__await__",
+        "__aiter__",
+        "__anext__",
+        "__call__",
+        "__get__",
+        "__set__",
+        "__delete__",
+        "__set_name__",
+        "__copy__",
+        "__deepcopy__",
+        "__getstate__",
+        "__setstate__",
+        "__getnewargs__",
+        "__getnewargs_ex__",
+        "__reduce__",
+        "__reduce_ex__",
+        "__slots__",
+        "__dataclass_fields__",
+        "__dataclass_params__",
+        "__attrs_attrs__",
+        "__origin__",
+        "__args__",
+        "__parameters__",
+        "__mro_entries__",
+        "__class_getitem__",
+        "__instancecheck__",
+        "__subclasscheck__",
+        "__signature__",
+        "__text_signature__",
+        "__annotations__",
+        "__code__",
+        "__defaults__",
+        "__kwdefaults__",
+        "__closure__",
+        "__globals__",
+        "__builtins__",
+        "__file__",
+        "__path__",
+        "__spec__",
+        "__loader__",
+        "__package__",
+        "__all__",
+        "__version__",
+        "__bool__",
+        "__contains__",
+        "__missing__",
+        "__complex__",
+        "__float__",
+        "__int__",
+        "__round__",
+        "__trunc__",
+        "__floor__",
+        "__ceil__",
+        "__matmul__",
+        "__rmatmul__",
+        "__imatmul__",
+        "__buffer__",
+        "__release_buffer__",
+        "__objclass__",
+        "__isabstractmethod__",
+    }
+)
+
+
 class StandIn:
     """A recording stand-in at ``path`` (``self``, ``ctx.saved_tensors[1]``, ...)."""
 
@@ -216,7 +316,7 @@ class StandIn:
         path = object.__getattribute__(self, "_si_path")
         run: Run = object.__getattribute__(self, "_si_run")
         key = f"{path}.{name}"
-        if not (name.startswith("__") and name.endswith("__")):
+        if name not in _PROTOCOL_NAMES:
             if key in run.setting.attributes or run.setting.truths.get(present(key)):
                 return self._si_child(key, _attribute_of(self, name))
             run.missed.append(key)  # getattr(x, name, default), hasattr: the other outcome
