@@ -203,7 +203,8 @@ def test_a_drifted_autograd_backward_is_proven_by_the_tests_observation(
     upstream, tmp_path, capsys
 ) -> None:
     """#102: the release's backward differs from the pull request's base (#90); only
-    #102's hunk is carried; the sniff is route b (the test observes ``clamp``)."""
+    #102's hunk is carried; the sniff is route b (the test observes ``clamp``): its test
+    class has a ``setup_method``, which route a does not run around a test."""
     dest = tmp_path / "plugin"
     assert _new(upstream, 102, dest) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
