@@ -401,3 +401,45 @@ def test_the_plugin_guides_first_block_runs_verbatim(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     assert cli.main(_first_new_block()) == 0, capsys.readouterr().err
     assert (tmp_path / "acme-9999-backport" / "pyproject.toml").is_file()
+
+
+def _template_test(name: str) -> Callable[..., None]:
+    """One test function of the plugin's tests template (``templates.TESTS``) as written
+    into a plugin, defined in a namespace of this test's: the template's text is what is
+    under test."""
+    from types import SimpleNamespace
+
+    from backports.megatron.authoring.scaffold import templates
+
+    values = {
+        "id": "mlm-pr-1",
+        "target_distribution": "megatron-core",
+        "package": "mlm_pr_1_backport",
+        "target_module": "m",
+        "attribute": "f",
+        "dist": "mlm-pr-1-backport",
+    }
+    text = templates.TESTS.format(**values)
+    node = next(
+        n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == name
+    )
+    namespace: dict[str, object] = {
+        "tomllib": tomllib,
+        "SPEC": SimpleNamespace(vendored=SimpleNamespace(package="vendored")),
+    }
+    exec(compile(ast.Module(body=[node], type_ignores=[]), "<template>", "exec"), namespace)
+    return namespace[name]  # type: ignore[return-value]
+
+
+def test_a_plugin_derived_from_a_plain_clone_passes_its_own_provenance_test(tmp_path) -> None:
+    """A plain clone knows the squash merge, not the head it squashed: the plugin's
+    ``UPSTREAM.toml`` says ``head_unknown`` and names the merge; its own test accepts that,
+    and still fails a scaffold whose head SHA was never set."""
+    test = _template_test("test_upstream_toml_names_the_pull_requests_head")
+    test.__globals__["files"] = lambda package: tmp_path
+    manifest = tmp_path / "UPSTREAM.toml"
+    manifest.write_text(f'head_unknown = true\nmerge_sha = "{"a" * 40}"\n')
+    test()
+    manifest.write_text(f'head_sha = "{"0" * 40}"\n')
+    with pytest.raises(AssertionError, match="set head_sha"):
+        test()
