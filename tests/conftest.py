@@ -320,6 +320,12 @@ def ids_installed_by_importing(module: str) -> list[str]:
     import guard (installed before any megatron module runs). (An entry with a target
     elsewhere, as #6793's recompute / DSA pair, waits for its modules. An entry whose code
     ships in several distributions, ``copies``, is installed once one copy is all there.)"""
+    return list(_ids_installed_by_importing(module))
+
+
+@functools.cache
+def _ids_installed_by_importing(module: str) -> tuple[str, ...]:
+    """Asked of a child interpreter once per test process (it imports megatron: seconds)."""
     import subprocess
     import sys
 
@@ -334,7 +340,7 @@ def ids_installed_by_importing(module: str) -> list[str]:
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300
     )
-    return sorted(done.stdout.split())
+    return tuple(sorted(done.stdout.split()))
 
 
 # ---- what the default selection leaves out (tools/run-tests without --all) -------------------
