@@ -480,24 +480,44 @@ def pytest_collection_modifyitems(config, items: list[pytest.Item]) -> None:  # 
 # ---- the longest files first, when the tests are spread over workers ------------------------
 # ``--dist loadfile --no-loadscope-reorder`` hands each worker one file at a time, in the order
 # collected. A two-minute file handed out last keeps one worker busy while the other idles;
-# handed out first, the short files fill in around it. Seconds of the slow tests of each file,
-# measured on the 2-core machine (a run of ``-m "slow and not gpu"``); a file not named keeps
-# its place after these. The figures only order the run: a stale one costs minutes, not a
-# failure.
+# handed out first, the short files fill in around it. Test-seconds of each file in a run of
+# ``-m "slow and not gpu" -n 2`` on the 2-core machine (47 min at load ~5: setup, call and
+# teardown of its slow tests); a file not named keeps its place after
+# these. The figures only order the run: a stale one costs minutes, not a failure.
 _FILE_SECONDS = {
-    "tests/authoring/test_from_pr_command.py": 450,
-    "tests/job/test_start_up.py": 350,
-    "tests/project/test_gpu_jobs_rehearsal.py": 155,
-    "tests/project/test_docs_run.py": 145,
-    "tests/authoring/test_plugin_install.py": 127,
-    "tests/job/test_ray_workers.py": 120,
-    "tests/authoring/test_from_pr_shapes.py": 96,
-    "tests/authoring/test_from_pr_docs.py": 79,
-    "tests/upstream_tests/test_upstream_tests.py": 45,
-    "tests/catalog/test_catalog.py": 40,
-    "tests/job/test_proof_key.py": 35,
-    "tests/commands/test_audit.py": 30,
-    "tests/api/test_api.py": 27,
+    "tests/authoring/test_from_pr_command.py": 540,
+    "tests/job/test_ray_workers.py": 521,
+    "tests/project/test_docs_run.py": 447,
+    "tests/job/test_start_up.py": 444,
+    "tests/authoring/test_plugin_install.py": 442,
+    "tests/commands/test_audit.py": 415,
+    "tests/job/test_proof_key.py": 353,
+    "tests/catalog/test_contract.py": 340,
+    "tests/project/test_gpu_jobs_rehearsal.py": 267,
+    "tests/authoring/test_from_pr_shapes.py": 267,
+    "tests/authoring/test_from_pr_docs.py": 260,
+    "tests/catalog/test_plugin_entries.py": 199,
+    "tests/catalog/test_catalog.py": 187,
+    "tests/entries/test_megatron_lm_6964.py": 147,
+    "tests/upstream_tests/test_upstream_tests.py": 126,
+    "tests/api/test_api.py": 92,
+    "tests/entries/test_fused_sparse_mla_absorbed.py": 78,
+    "tests/entries/test_megatron_lm_6114.py": 71,
+    "tests/entries/test_megatron_lm_7466.py": 54,
+    "tests/entries/test_megatron_lm_6793.py": 47,
+    "tests/commands/test_cli_process.py": 47,
+    "tests/sync/test_sync_upstream_fake_kernel.py": 39,
+    "tests/commands/test_audit_cannot_probe.py": 30,
+    "tests/job/test_hook_uninstall.py": 18,
+    "tests/kinds/test_entry_parts.py": 18,
+    "tests/entries/test_megatron_lm_6507.py": 15,
+    "tests/job/test_startup_hook.py": 14,
+    "tests/entries/test_megatron_lm_6890.py": 14,
+    "tests/sync/test_sync_child.py": 13,
+    "tests/authoring/test_from_pr_real_mirror.py": 13,
+    "tests/entries/test_megatron_lm_5976.py": 11,
+    "tests/upstream_tests/test_upstream_bundle.py": 11,
+    "tests/interpreter/test_isolation.py": 10,
 }
 
 
