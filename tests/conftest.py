@@ -320,6 +320,12 @@ def ids_installed_by_importing(module: str) -> list[str]:
     import guard (installed before any megatron module runs). (An entry with a target
     elsewhere, as #6793's recompute / DSA pair, waits for its modules. An entry whose code
     ships in several distributions, ``copies``, is installed once one copy is all there.)"""
+    return list(_ids_installed_by_importing(module))
+
+
+@functools.cache
+def _ids_installed_by_importing(module: str) -> tuple[str, ...]:
+    """Asked of a child interpreter once per test process (it imports megatron: seconds)."""
     import subprocess
     import sys
 
@@ -334,7 +340,7 @@ def ids_installed_by_importing(module: str) -> list[str]:
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=300
     )
-    return sorted(done.stdout.split())
+    return tuple(sorted(done.stdout.split()))
 
 
 # ---- what the default selection leaves out (tools/run-tests without --all) -------------------
@@ -460,12 +466,63 @@ def _real_cache_untouched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 def pytest_collection_modifyitems(config, items: list[pytest.Item]) -> None:  # type: ignore[no-untyped-def]
     """``BACKPORTS_TEST_ORDER_SEED=N`` runs the selection in an order shuffled with seed N
-    (printed in the header), to show no test depends on another's leftovers."""
+    (printed in the header), to show no test depends on another's leftovers. Spread over
+    workers (``tools/run-tests --all``), the longest files go first instead."""
     seed = os.environ.get("BACKPORTS_TEST_ORDER_SEED", "").strip()
     if seed:
         import random
 
         random.Random(seed).shuffle(items)
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=_longest_files_first)
+
+
+# ---- the longest files first, when the tests are spread over workers ------------------------
+# ``--dist loadfile --no-loadscope-reorder`` hands each worker one file at a time, in the order
+# collected. A two-minute file handed out last keeps one worker busy while the other idles;
+# handed out first, the short files fill in around it. Test-seconds of each file in a run of
+# ``-m "slow and not gpu" -n 2`` on the 2-core machine (47 min at load ~5: setup, call and
+# teardown of its slow tests); a file not named keeps its place after
+# these. The figures only order the run: a stale one costs minutes, not a failure.
+_FILE_SECONDS = {
+    "tests/authoring/test_from_pr_command.py": 540,
+    "tests/job/test_ray_workers.py": 521,
+    "tests/project/test_docs_run.py": 447,
+    "tests/job/test_start_up.py": 444,
+    "tests/authoring/test_plugin_install.py": 442,
+    "tests/commands/test_audit.py": 415,
+    "tests/job/test_proof_key.py": 353,
+    "tests/catalog/test_contract.py": 340,
+    "tests/project/test_gpu_jobs_rehearsal.py": 267,
+    "tests/authoring/test_from_pr_shapes.py": 267,
+    "tests/authoring/test_from_pr_docs.py": 260,
+    "tests/catalog/test_plugin_entries.py": 199,
+    "tests/catalog/test_catalog.py": 187,
+    "tests/entries/test_megatron_lm_6964.py": 147,
+    "tests/upstream_tests/test_upstream_tests.py": 126,
+    "tests/api/test_api.py": 92,
+    "tests/entries/test_fused_sparse_mla_absorbed.py": 78,
+    "tests/entries/test_megatron_lm_6114.py": 71,
+    "tests/entries/test_megatron_lm_7466.py": 54,
+    "tests/entries/test_megatron_lm_6793.py": 47,
+    "tests/commands/test_cli_process.py": 47,
+    "tests/sync/test_sync_upstream_fake_kernel.py": 39,
+    "tests/commands/test_audit_cannot_probe.py": 30,
+    "tests/job/test_hook_uninstall.py": 18,
+    "tests/kinds/test_entry_parts.py": 18,
+    "tests/entries/test_megatron_lm_6507.py": 15,
+    "tests/job/test_startup_hook.py": 14,
+    "tests/entries/test_megatron_lm_6890.py": 14,
+    "tests/sync/test_sync_child.py": 13,
+    "tests/authoring/test_from_pr_real_mirror.py": 13,
+    "tests/entries/test_megatron_lm_5976.py": 11,
+    "tests/upstream_tests/test_upstream_bundle.py": 11,
+    "tests/interpreter/test_isolation.py": 10,
+}
+
+
+def _longest_files_first(item: pytest.Item) -> int:
+    return -_FILE_SECONDS.get(item.nodeid.partition("::")[0], 0)
 
 
 def pytest_report_header(config) -> str | None:  # type: ignore[no-untyped-def]

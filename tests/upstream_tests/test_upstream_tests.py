@@ -30,10 +30,13 @@ from tests.sync.upstreams import commit_files
 
 
 @pytest.fixture(autouse=True)
-def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Temporary folders, ours and the children's (pytest, torchrun), in the test's own."""
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
+def private_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Temporary folders, ours and the children's (pytest, torchrun), in a fresh folder of
+    pytest's own. Short (``.../tmp3``, not the test's ``.../test_<name>_0/tmp``): a Unix
+    socket's path holds at most 107 bytes, and multiprocessing's Manager (megatron's
+    checkpoint writer starts one) binds one two folders below it; under pytest-xdist's
+    ``popen-gwN`` folder the test's own was one byte too long."""
+    scratch = tmp_path_factory.mktemp("tmp")
     monkeypatch.setenv("TMPDIR", str(scratch))
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     return scratch
