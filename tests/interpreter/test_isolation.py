@@ -308,3 +308,14 @@ def test_a_folder_a_package_put_on_the_path_keeps_the_childs_proof(tmp_path, mon
         return decision._child_path_key(spec)
 
     assert key_with([str(site), str(vendor)]) == key_with([str(site)]) == [str(site)]
+
+
+def test_ctrl_c_during_a_sniff_in_the_calling_thread_is_the_users_not_a_failed_sniff():
+    """Inside an import the sniff runs in the calling (main) thread: a Ctrl-C that lands
+    in it ends the command (exit 130), it is not a sniff that failed ("incompatible")."""
+
+    def pressed(targets):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt), sniffing.sniffs_in_this_thread():
+        sniffing.run_sniffs(_spec_with(pressed), [[]], in_child=False)

@@ -143,6 +143,10 @@ def run_sniffs(
     def sniff(targets: Sequence[Resolved], outcome: list[object]) -> None:
         try:
             outcome.append(spec.sniff(targets))
+        except KeyboardInterrupt as exc:  # the user's Ctrl-C reaches the main thread only
+            if threading.current_thread() is threading.main_thread():
+                raise
+            outcome.append(exc)
         except BaseException as exc:
             outcome.append(exc)
 
