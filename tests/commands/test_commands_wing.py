@@ -165,10 +165,15 @@ def test_version_help_and_sync_check_import_no_entry_and_no_plugin(marking_plugi
 # ---- Ctrl-C ----------------------------------------------------------------------------------
 
 # Ctrl-C reaches a command run from a terminal; a suite started with SIGINT ignored (nohup,
-# `cmd &`) would hand its children that, so the child restores what a terminal gives.
+# `cmd &`) would hand its children that, so the child restores what a terminal gives. torch
+# and megatron.core are imported before "ready": a Ctrl-C inside torch's C++ import aborts
+# the interpreter (SIGABRT, "terminate called ... <EMPTY MESSAGE>"), and megatron's bare
+# `except:` around optional imports can swallow one, whatever the command does (both seen
+# under a loaded parallel run, where a second into the command was still importing them).
 _INTERRUPTIBLE = """
 import signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)
+import torch, megatron.core
 from backports.megatron.cli import main
 print("ready", file=sys.stderr, flush=True)
 sys.exit(main(sys.argv[1:]))
@@ -189,7 +194,13 @@ def _interrupted(argv: list[str], cwd: Path) -> tuple[int, str]:
         start_new_session=True,
     )
     assert child.stderr is not None
-    assert child.stderr.readline().strip() == "ready"
+    before: list[str] = []  # megatron's import warnings come first
+    for line in iter(child.stderr.readline, ""):
+        if line.strip() == "ready":
+            break
+        before.append(line)
+    else:
+        raise AssertionError(f"the child ended before it was ready: {''.join(before)}")
     time.sleep(1.0)  # in the command now: importing megatron alone takes seconds
     assert child.poll() is None, "the command ended before the interrupt"
     os.killpg(child.pid, signal.SIGINT)
